@@ -1,0 +1,146 @@
+//! [`SqliteRetryLayer`]: the tower `Layer`.
+
+use std::fmt;
+use std::sync::Arc;
+
+use tokio::sync::Semaphore;
+use tower_layer::Layer;
+
+use crate::classify::{ClassifyError, NeverRetryErrors};
+use crate::metrics::{Counters, RetryMetrics};
+use crate::policy::{InvalidPolicy, RetryPolicy};
+use crate::service::SqliteRetry;
+
+/// State shared by every clone of one layer and the services it builds.
+pub(crate) struct Shared {
+    pub(crate) policy: RetryPolicy,
+    pub(crate) counters: Arc<Counters>,
+    pub(crate) gate: Option<Arc<Semaphore>>,
+}
+
+/// A tower [`Layer`] that replays requests whose response carries the
+/// [`Retryable`](crate::Retryable) marker (or whose error the classifier tags), as its
+/// [`RetryPolicy`] allows.
+///
+/// Every clone shares the same counters, replay gate, in-flight buffer cap and budget.
+///
+/// ```
+/// use axum::{routing::{get, post}, Router};
+/// use tower_sqlite_retry::{RetryPolicy, SqliteRetryLayer};
+///
+/// # async fn create() {} async fn list() {}
+/// let app: Router = Router::new()
+///     // a larger cap on the write route...
+///     .route("/orders", post(create)
+///         .layer(SqliteRetryLayer::new(RetryPolicy::default().max_attempts(12))))
+///     // ...than on the reads
+///     .route("/orders/list", get(list))
+///     .layer(SqliteRetryLayer::new(RetryPolicy::default().max_attempts(4)));
+/// ```
+///
+/// Nested layers never multiply attempts: the innermost one retries and marks its response
+/// with [`RetryOutcome`](crate::RetryOutcome); outer ones see that and pass it through.
+pub struct SqliteRetryLayer<C = NeverRetryErrors> {
+    shared: Arc<Shared>,
+    classifier: C,
+}
+
+impl SqliteRetryLayer {
+    /// A layer with this policy.
+    ///
+    /// # Panics
+    ///
+    /// If the policy is invalid, with the reason ([`RetryPolicy::validate`]). Use
+    /// [`try_new`](Self::try_new) to handle that as an error.
+    ///
+    /// ```should_panic
+    /// # use tower_sqlite_retry::{RetryPolicy, SqliteRetryLayer};
+    /// // panics: "invalid retry policy: max_attempts is 0: ..."
+    /// SqliteRetryLayer::new(RetryPolicy::default().max_attempts(0));
+    /// ```
+    pub fn new(policy: RetryPolicy) -> Self {
+        match Self::try_new(policy) {
+            Ok(layer) => layer,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// A layer with this policy, or why the policy cannot work.
+    ///
+    /// ```
+    /// # use tower_sqlite_retry::{RetryPolicy, SqliteRetryLayer};
+    /// assert!(SqliteRetryLayer::try_new(RetryPolicy::default()).is_ok());
+    /// assert!(SqliteRetryLayer::try_new(RetryPolicy::default().max_attempts(0)).is_err());
+    /// ```
+    pub fn try_new(policy: RetryPolicy) -> Result<Self, InvalidPolicy> {
+        policy.validate()?;
+        let gate = policy.replay_gate.map(|n| Arc::new(Semaphore::new(n)));
+        Ok(Self {
+            shared: Arc::new(Shared {
+                policy,
+                counters: Arc::default(),
+                gate,
+            }),
+            classifier: NeverRetryErrors,
+        })
+    }
+}
+
+impl<C> SqliteRetryLayer<C> {
+    /// Replays requests whose *service error* the classifier tags, for plain tower services
+    /// whose `Error` is not `Infallible` (axum handlers answer with a response and use the
+    /// [`Retryable`](crate::Retryable) marker instead).
+    ///
+    /// ```
+    /// use tower_sqlite_retry::{RetryPolicy, SqliteRetryLayer, SqlxErrors};
+    ///
+    /// // errors that are (or box) a sqlx::Error, classified with `classify`:
+    /// let layer = SqliteRetryLayer::new(RetryPolicy::default()).classify_errors(SqlxErrors);
+    /// // or any closure `Fn(&E) -> Option<Retryable>`:
+    /// let layer = SqliteRetryLayer::new(RetryPolicy::default())
+    ///     .classify_errors(|e: &std::io::Error| None);
+    /// ```
+    pub fn classify_errors<E, D: ClassifyError<E>>(self, classifier: D) -> SqliteRetryLayer<D> {
+        SqliteRetryLayer {
+            shared: self.shared,
+            classifier,
+        }
+    }
+
+    /// The layer's counters (shared with its clones and services).
+    pub fn metrics(&self) -> RetryMetrics {
+        RetryMetrics {
+            counters: self.shared.counters.clone(),
+        }
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.shared.policy
+    }
+}
+
+impl<C: Clone> Clone for SqliteRetryLayer<C> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            classifier: self.classifier.clone(),
+        }
+    }
+}
+
+impl<C> fmt::Debug for SqliteRetryLayer<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteRetryLayer")
+            .field("policy", &self.shared.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, C: Clone> Layer<S> for SqliteRetryLayer<C> {
+    type Service = SqliteRetry<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        SqliteRetry::new(inner, self.shared.clone(), self.classifier.clone())
+    }
+}

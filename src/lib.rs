@@ -1,0 +1,48 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod attempt;
+mod body;
+mod classify;
+mod error;
+pub mod future;
+mod layer;
+mod metrics;
+mod policy;
+mod service;
+
+pub use attempt::{Attempt, Outcome, RetryOutcome};
+pub use classify::{
+    ClassifyError, NeverRetryErrors, Retryable, SqlxErrors, classify, classify_sqlite_code,
+    is_constraint_violation, sqlite_code_name,
+};
+pub use error::DbError;
+pub use layer::SqliteRetryLayer;
+pub use metrics::{HISTOGRAM_BUCKETS, MetricsSnapshot, RetryMetrics};
+pub use policy::{InvalidPolicy, Jitter, RetryPolicy};
+pub use service::SqliteRetry;
+
+#[cfg(test)]
+mod traits {
+    use super::*;
+    use axum::body::Body;
+    use http::Request;
+
+    fn assert_send<T: Send>() {}
+    fn assert_sync<T: Sync>() {}
+
+    #[allow(dead_code)]
+    fn traits() {
+        type Inner = axum::routing::Route;
+        assert_send::<SqliteRetryLayer>();
+        assert_sync::<SqliteRetryLayer>();
+        assert_send::<SqliteRetry<Inner>>();
+        assert_sync::<SqliteRetry<Inner>>();
+        assert_send::<future::ResponseFuture<Inner, NeverRetryErrors>>();
+        assert_send::<Attempt>();
+        assert_sync::<Attempt>();
+        assert_send::<RetryMetrics>();
+        assert_sync::<RetryMetrics>();
+        let _ = |_: Request<Body>| ();
+    }
+}

@@ -1,0 +1,541 @@
+//! Retry policy: caps, backoff arithmetic and validation.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::{Rng, RngExt};
+use tower::retry::budget::{Budget, TpsBudget};
+
+/// How a computed backoff delay is randomised.
+///
+/// Whatever the kind, the delay never exceeds [`RetryPolicy::max_delay`]: the cap is applied
+/// **after** jitter.
+///
+/// With `d = min(cap, base · 2^(n-1))` for retry `n`:
+///
+/// | kind | delay |
+/// |---|---|
+/// | `None` | `d` |
+/// | `Full` | uniform in `[0, d]` |
+/// | `Equal` | `d/2` + uniform in `[0, d/2]` |
+/// | `Decorrelated` | `min(cap, uniform in [base, 3 · previous])` (AWS "decorrelated jitter") |
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Jitter {
+    /// No randomness: every client waits the same time (and collides again in lock step).
+    None,
+    /// Uniform in `[0, d]`: the widest spread.
+    #[default]
+    Full,
+    /// Half fixed, half random: never retries at once, still spread.
+    Equal,
+    /// Each delay drawn from `[base, 3 · previous]`, then capped.
+    Decorrelated,
+}
+
+/// The retry policy of a [`SqliteRetryLayer`](crate::SqliteRetryLayer): how many attempts, how
+/// long to wait between them, how long in total, and how much request body may be buffered for
+/// replay.
+///
+/// Build it from [`RetryPolicy::default()`] with setters that take and return `self`; the layer
+/// validates it ([`RetryPolicy::validate`]) when it is built.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_sqlite_retry::{Jitter, RetryPolicy};
+///
+/// let policy = RetryPolicy::default()
+///     .max_attempts(8)
+///     .base_delay(Duration::from_millis(5))
+///     .max_delay(Duration::from_millis(200))
+///     .jitter(Jitter::Full)
+///     .deadline(Duration::from_secs(5));
+/// assert!(policy.validate().is_ok());
+/// assert_eq!(policy.get_max_attempts(), 8);
+/// ```
+///
+/// # Defaults
+///
+/// | setting | default | why |
+/// |---|---|---|
+/// | `max_attempts` | 10 | a read-then-write transaction under 64-way write contention needs up to ~6 tries; 10 leaves room |
+/// | `base_delay` | 2 ms | a SQLite write transaction takes ~0.1–1 ms: the first replay should wait about one |
+/// | `max_delay` | 100 ms | caps each wait, after jitter |
+/// | `jitter` | [`Jitter::Full`] | spreads replays so they do not collide again in lock step |
+/// | `deadline` | 10 s | total time per request, handler time included |
+/// | `max_body_bytes` | 1 MiB | per-request replay buffer (as gRPC-Java and Envoy) |
+/// | `max_buffered_bytes` | 16 MiB | all requests in flight together |
+/// | `replay_gate` | 1 | replays (attempt ≥ 2) pass a shared semaphore one at a time: SQLite has one writer |
+/// | `budget` | none | see [`RetryPolicy::budget`] |
+#[derive(Clone)]
+pub struct RetryPolicy {
+    pub(crate) max_attempts: u32,
+    pub(crate) base_delay: Duration,
+    pub(crate) max_delay: Duration,
+    pub(crate) jitter: Jitter,
+    pub(crate) deadline: Duration,
+    pub(crate) max_body_bytes: usize,
+    pub(crate) max_buffered_bytes: usize,
+    pub(crate) replay_gate: Option<usize>,
+    pub(crate) budget: Option<Arc<dyn Budget + Send + Sync>>,
+}
+
+impl fmt::Debug for RetryPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryPolicy")
+            .field("max_attempts", &self.max_attempts)
+            .field("base_delay", &self.base_delay)
+            .field("max_delay", &self.max_delay)
+            .field("jitter", &self.jitter)
+            .field("deadline", &self.deadline)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("max_buffered_bytes", &self.max_buffered_bytes)
+            .field("replay_gate", &self.replay_gate)
+            .field("budget", &self.budget.as_ref().map(|_| "<budget>"))
+            .finish()
+    }
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 10,
+            base_delay: Duration::from_millis(2),
+            max_delay: Duration::from_millis(100),
+            jitter: Jitter::Full,
+            deadline: Duration::from_secs(10),
+            max_body_bytes: 1024 * 1024,
+            max_buffered_bytes: 16 * 1024 * 1024,
+            replay_gate: Some(1),
+            budget: None,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Total attempts per request, the first one included: `1` means never retry (and the body
+    /// is then never buffered).
+    ///
+    /// ```
+    /// # use tower_sqlite_retry::RetryPolicy;
+    /// let policy = RetryPolicy::default().max_attempts(4); // 1 try + up to 3 replays
+    /// assert_eq!(policy.get_max_attempts(), 4);
+    /// ```
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// The first backoff delay, before jitter; each later one doubles, up to
+    /// [`max_delay`](Self::max_delay).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_sqlite_retry::RetryPolicy;
+    /// let policy = RetryPolicy::default().base_delay(Duration::from_millis(10));
+    /// assert!(policy.validate().is_ok());
+    /// ```
+    pub fn base_delay(mut self, delay: Duration) -> Self {
+        self.base_delay = delay;
+        self
+    }
+
+    /// The longest single backoff delay. It holds after jitter: no delay is ever longer.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_sqlite_retry::RetryPolicy;
+    /// let policy = RetryPolicy::default().max_delay(Duration::from_millis(250));
+    /// assert!(policy.validate().is_ok());
+    /// ```
+    pub fn max_delay(mut self, delay: Duration) -> Self {
+        self.max_delay = delay;
+        self
+    }
+
+    /// How delays are randomised; see [`Jitter`].
+    ///
+    /// ```
+    /// # use tower_sqlite_retry::{Jitter, RetryPolicy};
+    /// let policy = RetryPolicy::default().jitter(Jitter::Decorrelated);
+    /// assert!(policy.validate().is_ok());
+    /// ```
+    pub fn jitter(mut self, jitter: Jitter) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// The total time a request may take, all attempts, handler time and backoff included,
+    /// measured on the monotonic clock from the moment the layer is called. No backoff sleep
+    /// that would end past it is started.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_sqlite_retry::RetryPolicy;
+    /// let policy = RetryPolicy::default().deadline(Duration::from_secs(2));
+    /// assert!(policy.validate().is_ok());
+    /// ```
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// The largest request body buffered for replay. A larger body (declared by
+    /// `Content-Length` or found while reading) is passed through whole, without retries.
+    ///
+    /// ```
+    /// # use tower_sqlite_retry::RetryPolicy;
+    /// let policy = RetryPolicy::default().max_body_bytes(64 * 1024);
+    /// assert!(policy.validate().is_ok());
+    /// ```
+    pub fn max_body_bytes(mut self, bytes: usize) -> Self {
+        self.max_body_bytes = bytes;
+        self
+    }
+
+    /// The cap on the bytes buffered for replay by all requests in flight through one layer
+    /// (and its clones). A request that would cross it is passed through without retries.
+    ///
+    /// ```
+    /// # use tower_sqlite_retry::RetryPolicy;
+    /// let policy = RetryPolicy::default().max_buffered_bytes(64 * 1024 * 1024);
+    /// assert!(policy.validate().is_ok());
+    /// ```
+    pub fn max_buffered_bytes(mut self, bytes: usize) -> Self {
+        self.max_buffered_bytes = bytes;
+        self
+    }
+
+    /// The replay gate: replays (attempt 2 and later) of all requests through one layer pass a
+    /// shared semaphore with this many permits, held for the attempt. SQLite has one writer;
+    /// replays released together only collide again, so the gate turns a storm into a queue.
+    /// `None` lets replays run freely. First attempts never wait on the gate.
+    ///
+    /// ```
+    /// # use tower_sqlite_retry::RetryPolicy;
+    /// let policy = RetryPolicy::default().replay_gate(None);
+    /// assert!(policy.validate().is_ok());
+    /// ```
+    pub fn replay_gate(mut self, permits: Option<usize>) -> Self {
+        self.replay_gate = permits;
+        self
+    }
+
+    /// A retry budget (tower's [`Budget`] trait, for example [`TpsBudget`]): every request
+    /// deposits, every replay withdraws, and a replay the budget refuses is not made (the
+    /// handler's own response is returned, outcome `budget_exhausted`).
+    ///
+    /// The budget is shared by every clone of the layer; pass the same `Arc` to several
+    /// layers to share it between them. Budgets are per process: several instances of a
+    /// service each have their own.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// use tower::retry::budget::TpsBudget;
+    /// # use tower_sqlite_retry::RetryPolicy;
+    /// let budget = Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2));
+    /// let policy = RetryPolicy::default().budget(budget);
+    /// # let _ = policy;
+    /// ```
+    pub fn budget(mut self, budget: Arc<dyn Budget + Send + Sync>) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// A budget of `percent` extra load (`0.2` = 20%) plus `min_per_sec` replays per second,
+    /// over a 10 s window: tower's [`TpsBudget`] with Finagle's defaults.
+    ///
+    /// ```
+    /// # use tower_sqlite_retry::RetryPolicy;
+    /// let policy = RetryPolicy::default().tps_budget(0.2, 10);
+    /// # let _ = policy;
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If `percent` is not within `0.0..=1000.0` (tower's own check).
+    pub fn tps_budget(self, percent: f32, min_per_sec: u32) -> Self {
+        self.budget(Arc::new(TpsBudget::new(
+            Duration::from_secs(10),
+            min_per_sec,
+            percent,
+        )))
+    }
+
+    /// No retry budget.
+    ///
+    /// ```
+    /// # use tower_sqlite_retry::RetryPolicy;
+    /// let policy = RetryPolicy::default().tps_budget(0.2, 10).no_budget();
+    /// # let _ = policy;
+    /// ```
+    pub fn no_budget(mut self) -> Self {
+        self.budget = None;
+        self
+    }
+
+    /// Total attempts allowed, the first included.
+    pub fn get_max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The total deadline.
+    pub fn get_deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// The cap on a single backoff delay.
+    pub fn get_max_delay(&self) -> Duration {
+        self.max_delay
+    }
+
+    /// Checks the policy, saying what is wrong with it.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_sqlite_retry::RetryPolicy;
+    /// let err = RetryPolicy::default().max_attempts(0).validate().unwrap_err();
+    /// assert!(err.to_string().contains("max_attempts"));
+    ///
+    /// let err = RetryPolicy::default()
+    ///     .base_delay(Duration::from_secs(1))
+    ///     .max_delay(Duration::from_millis(10))
+    ///     .validate()
+    ///     .unwrap_err();
+    /// assert!(err.to_string().contains("base_delay"));
+    /// ```
+    pub fn validate(&self) -> Result<(), InvalidPolicy> {
+        let why = if self.max_attempts == 0 {
+            "max_attempts is 0: it counts every attempt, the first included; use 1 to never retry"
+                .to_string()
+        } else if self.base_delay > self.max_delay {
+            format!(
+                "base_delay ({:?}) is above max_delay ({:?}): the first delay would already exceed the cap",
+                self.base_delay, self.max_delay
+            )
+        } else if self.deadline.is_zero() {
+            "deadline is zero: no request could ever finish within it".to_string()
+        } else if self.max_attempts > 1 && self.max_body_bytes > self.max_buffered_bytes {
+            format!(
+                "max_body_bytes ({}) is above max_buffered_bytes ({}): a body at the per-request cap could never be buffered",
+                self.max_body_bytes, self.max_buffered_bytes
+            )
+        } else if self.replay_gate == Some(0) {
+            "replay_gate is Some(0): no replay could ever pass; use None for no gate".to_string()
+        } else {
+            return Ok(());
+        };
+        Err(InvalidPolicy { why })
+    }
+
+    /// The delay before retry number `retry` (1 for the first replay), given the previous
+    /// delay (used by [`Jitter::Decorrelated`]) and a random source. Never above
+    /// [`max_delay`](Self::max_delay), never panics, whatever the inputs.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use tower_sqlite_retry::{Jitter, RetryPolicy};
+    /// let policy = RetryPolicy::default()
+    ///     .base_delay(Duration::from_millis(10))
+    ///     .max_delay(Duration::from_millis(50))
+    ///     .jitter(Jitter::None);
+    /// let mut rng = rand::rng();
+    /// let d: Vec<_> = (1..=4).map(|n| policy.delay(n, Duration::ZERO, &mut rng)).collect();
+    /// assert_eq!(d, [10, 20, 40, 50].map(Duration::from_millis));
+    /// ```
+    pub fn delay<R: Rng + ?Sized>(&self, retry: u32, previous: Duration, rng: &mut R) -> Duration {
+        let cap = self.max_delay;
+        let base = self.base_delay.min(cap);
+        let exp = exponential(base, cap, retry);
+        let jittered = match self.jitter {
+            Jitter::None => exp,
+            Jitter::Full => uniform(rng, Duration::ZERO, exp),
+            Jitter::Equal => {
+                let half = exp / 2;
+                half.saturating_add(uniform(rng, Duration::ZERO, exp - half))
+            }
+            Jitter::Decorrelated => {
+                let prev = previous.max(base);
+                let hi = prev.saturating_mul(3).min(cap);
+                uniform(rng, base, hi.max(base))
+            }
+        };
+        jittered.min(cap)
+    }
+}
+
+/// `min(cap, base · 2^(retry-1))` without overflow.
+fn exponential(base: Duration, cap: Duration, retry: u32) -> Duration {
+    let shift = retry.saturating_sub(1);
+    if shift >= 64 {
+        return cap;
+    }
+    let factor = 1u64 << shift;
+    let factor = u32::try_from(factor).unwrap_or(u32::MAX);
+    base.checked_mul(factor).map_or(cap, |d| d.min(cap))
+}
+
+/// A uniformly drawn duration in `[lo, hi]` (nanosecond resolution, saturating at `u64`).
+fn uniform<R: Rng + ?Sized>(rng: &mut R, lo: Duration, hi: Duration) -> Duration {
+    if hi <= lo {
+        return lo;
+    }
+    let lo_ns = u64::try_from(lo.as_nanos()).unwrap_or(u64::MAX);
+    let hi_ns = u64::try_from(hi.as_nanos()).unwrap_or(u64::MAX);
+    if hi_ns <= lo_ns {
+        return lo;
+    }
+    Duration::from_nanos(rng.random_range(lo_ns..=hi_ns))
+}
+
+/// A [`RetryPolicy`] that cannot work, and why.
+///
+/// ```
+/// # use tower_sqlite_retry::{RetryPolicy, SqliteRetryLayer};
+/// let err = SqliteRetryLayer::try_new(RetryPolicy::default().max_attempts(0)).unwrap_err();
+/// println!("{err}"); // invalid retry policy: max_attempts is 0: ...
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidPolicy {
+    why: String,
+}
+
+impl fmt::Display for InvalidPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid retry policy: {}", self.why)
+    }
+}
+
+impl std::error::Error for InvalidPolicy {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    fn jitter_strategy() -> impl Strategy<Value = Jitter> {
+        prop_oneof![
+            Just(Jitter::None),
+            Just(Jitter::Full),
+            Just(Jitter::Equal),
+            Just(Jitter::Decorrelated)
+        ]
+    }
+
+    fn duration_strategy() -> impl Strategy<Value = Duration> {
+        prop_oneof![
+            Just(Duration::ZERO),
+            Just(Duration::MAX),
+            (0u64..10_000_000_000).prop_map(Duration::from_nanos),
+            any::<u64>().prop_map(Duration::from_secs),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn every_delay_is_within_the_cap(
+            base in duration_strategy(),
+            cap in duration_strategy(),
+            jitter in jitter_strategy(),
+            retry in any::<u32>(),
+            prev in duration_strategy(),
+            seed in any::<u64>(),
+        ) {
+            let policy = RetryPolicy::default().base_delay(base).max_delay(cap).jitter(jitter);
+            let mut rng = StdRng::seed_from_u64(seed);
+            let d = policy.delay(retry, prev, &mut rng);
+            prop_assert!(d <= cap, "{d:?} > {cap:?}");
+        }
+
+        #[test]
+        fn delays_follow_a_sequence_within_the_cap(
+            base_ms in 0u64..1000,
+            cap_ms in 0u64..5000,
+            jitter in jitter_strategy(),
+            seed in any::<u64>(),
+        ) {
+            let policy = RetryPolicy::default()
+                .base_delay(Duration::from_millis(base_ms))
+                .max_delay(Duration::from_millis(cap_ms))
+                .jitter(jitter);
+            let mut rng = StdRng::seed_from_u64(seed);
+            let mut prev = Duration::ZERO;
+            for retry in 1..100 {
+                let d = policy.delay(retry, prev, &mut rng);
+                prop_assert!(d <= Duration::from_millis(cap_ms));
+                prev = d;
+            }
+        }
+    }
+
+    #[test]
+    fn exponential_doubles_then_caps() {
+        let ms = Duration::from_millis;
+        let got: Vec<_> = (1..=6).map(|n| exponential(ms(25), ms(250), n)).collect();
+        assert_eq!(got, [25, 50, 100, 200, 250, 250].map(ms));
+        assert_eq!(exponential(ms(25), ms(250), u32::MAX), ms(250));
+        assert_eq!(exponential(Duration::MAX, Duration::MAX, 2), Duration::MAX);
+    }
+
+    #[test]
+    fn equal_jitter_never_below_half() {
+        let policy = RetryPolicy::default()
+            .base_delay(Duration::from_millis(100))
+            .max_delay(Duration::from_millis(100))
+            .jitter(Jitter::Equal);
+        let mut rng = StdRng::seed_from_u64(7);
+        for _ in 0..1000 {
+            let d = policy.delay(1, Duration::ZERO, &mut rng);
+            assert!(d >= Duration::from_millis(50) && d <= Duration::from_millis(100));
+        }
+    }
+
+    #[test]
+    fn full_jitter_spreads() {
+        let policy = RetryPolicy::default()
+            .base_delay(Duration::from_millis(100))
+            .max_delay(Duration::from_millis(100));
+        let mut rng = StdRng::seed_from_u64(7);
+        let draws: Vec<_> = (0..200)
+            .map(|_| policy.delay(1, Duration::ZERO, &mut rng))
+            .collect();
+        assert!(draws.iter().any(|d| *d < Duration::from_millis(20)));
+        assert!(draws.iter().any(|d| *d > Duration::from_millis(80)));
+    }
+
+    #[test]
+    fn invalid_policies_say_why() {
+        let cases = [
+            (RetryPolicy::default().max_attempts(0), "max_attempts"),
+            (
+                RetryPolicy::default()
+                    .base_delay(Duration::from_secs(2))
+                    .max_delay(Duration::from_secs(1)),
+                "base_delay",
+            ),
+            (RetryPolicy::default().deadline(Duration::ZERO), "deadline"),
+            (
+                RetryPolicy::default()
+                    .max_body_bytes(2)
+                    .max_buffered_bytes(1),
+                "max_buffered_bytes",
+            ),
+            (RetryPolicy::default().replay_gate(Some(0)), "replay_gate"),
+        ];
+        for (policy, word) in cases {
+            let err = policy.validate().unwrap_err().to_string();
+            assert!(err.contains(word), "{err}");
+        }
+        assert!(RetryPolicy::default().validate().is_ok());
+        assert!(
+            RetryPolicy::default()
+                .max_attempts(u32::MAX)
+                .deadline(Duration::MAX)
+                .validate()
+                .is_ok()
+        );
+    }
+}
