@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tower_layer::Layer;
 
-use crate::classify::{ClassifyError, NeverRetryErrors};
+use crate::classify::NeverRetryErrors;
 use crate::metrics::{Counters, RetryMetrics};
 use crate::policy::{InvalidPolicy, RetryPolicy};
 use crate::service::SqliteRetry;
@@ -88,7 +88,8 @@ impl SqliteRetryLayer {
 
 impl<C> SqliteRetryLayer<C> {
     /// Replays requests whose *service error* the classifier tags, for plain tower services
-    /// whose `Error` is not `Infallible` (axum handlers answer with a response and use the
+    /// whose `Error` is not `Infallible`; `classifier` implements
+    /// [`ClassifyError`](crate::ClassifyError) for the service's error type (axum handlers answer with a response and use the
     /// [`Retryable`](crate::Retryable) marker instead).
     ///
     /// ```
@@ -100,7 +101,7 @@ impl<C> SqliteRetryLayer<C> {
     /// let layer = SqliteRetryLayer::new(RetryPolicy::default())
     ///     .classify_errors(|e: &std::io::Error| None);
     /// ```
-    pub fn classify_errors<E, D: ClassifyError<E>>(self, classifier: D) -> SqliteRetryLayer<D> {
+    pub fn classify_errors<D>(self, classifier: D) -> SqliteRetryLayer<D> {
         SqliteRetryLayer {
             shared: self.shared,
             classifier,

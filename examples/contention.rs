@@ -1,0 +1,450 @@
+//! The demonstration: the example app (`examples/app.rs`) under write contention, once without
+//! `SqliteRetryLayer` and once with `RetryPolicy::default()`, each on a fresh SQLite file.
+//!
+//! ```text
+//! cargo run --release --example contention
+//! cargo run --release --example contention -- --clients 128 --requests 8000 --write-ratio 0.9
+//! cargo run --release --example contention -- --json > contention.json
+//! ```
+//!
+//! The app serves on a real loopback socket (`127.0.0.1:0`); `--clients` HTTP/1.1 clients with
+//! keep-alive send `--requests` requests in all, `--write-ratio` of them `POST /items` (a
+//! deferred read-then-write transaction) and the rest `GET /items`. Then the table compares the
+//! two runs, and each run's database is checked against the answers: every `201 Created` has
+//! its row, no row lacks one, nothing was inserted twice, no `seq` repeats.
+//!
+//! Exits with status 1 if the run with the layer failed any request, or if either run lost or
+//! doubled anything; 2 on bad flags or a setup error.
+//!
+//! Flags: `--clients N` (64), `--requests N` (4000), `--write-ratio F` (0.7), `--pool-size N`
+//! (8), `--busy-timeout-ms N` (5000, sqlx's default), `--db PATH` (default: files in a
+//! temporary directory, removed at the end; with `--db items.db` the runs use
+//! `items.without-layer.db` and `items.with-layer.db`, replaced if they exist, and kept),
+//! `--json` (machine-readable report on stdout, no progress bar). `RUST_LOG` sets the log
+//! filter (default `error,tower_sqlite_retry=off`: the table already counts the retries).
+
+#[path = "common/app_lib.rs"]
+mod app_lib;
+#[path = "common/driver.rs"]
+mod driver;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use tower_sqlite_retry::RetryPolicy;
+use tracing_subscriber::EnvFilter;
+
+use app_lib::RetryPolicies;
+use driver::{BoxError, Report, Scenario};
+
+const USAGE: &str = "usage: contention [--clients N] [--requests N] [--write-ratio 0..1] \
+[--pool-size N] [--busy-timeout-ms N] [--db PATH] [--json]";
+
+#[derive(Debug)]
+struct Args {
+    clients: usize,
+    requests: usize,
+    write_ratio: f64,
+    pool_size: u32,
+    busy_timeout_ms: u64,
+    db: Option<PathBuf>,
+    json: bool,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Self {
+            clients: 64,
+            requests: 4000,
+            write_ratio: 0.7,
+            pool_size: 8,
+            busy_timeout_ms: 5000,
+            db: None,
+            json: false,
+        }
+    }
+}
+
+fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
+    fn value<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
+        let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
+        v.parse().map_err(|_| format!("{flag}: cannot parse {v:?}"))
+    }
+    let mut args = Args::default();
+    while let Some(arg) = it.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (arg, None),
+        };
+        let mut v = || inline.clone().or_else(|| it.next());
+        match flag.as_str() {
+            "--clients" => args.clients = value(&flag, v())?,
+            "--requests" => args.requests = value(&flag, v())?,
+            "--write-ratio" => args.write_ratio = value(&flag, v())?,
+            "--pool-size" => args.pool_size = value(&flag, v())?,
+            "--busy-timeout-ms" => args.busy_timeout_ms = value(&flag, v())?,
+            "--db" => args.db = Some(value(&flag, v())?),
+            "--json" => args.json = true,
+            "-h" | "--help" => return Ok(None),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if args.clients == 0 {
+        return Err("--clients must be at least 1".into());
+    }
+    if args.pool_size == 0 {
+        return Err("--pool-size must be at least 1".into());
+    }
+    if !(0.0..=1.0).contains(&args.write_ratio) {
+        return Err("--write-ratio must be within 0..1".into());
+    }
+    Ok(Some(args))
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(Some(args)) => args,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("contention: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("error,tower_sqlite_retry=off"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+
+    match run(&args).await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("contention: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Runs both scenarios and reports; `Ok(false)` when the run with the layer failed a request or
+/// either run lost or doubled rows.
+async fn run(args: &Args) -> Result<bool, BoxError> {
+    // Kept alive to the end: dropping it removes the files.
+    let mut _tempdir = None;
+    let (without_db, with_db) = match &args.db {
+        Some(path) => {
+            let pair = (derived(path, "without-layer"), derived(path, "with-layer"));
+            remove_db(&pair.0)?;
+            remove_db(&pair.1)?;
+            pair
+        }
+        None => {
+            let dir = tempfile::tempdir()?;
+            let pair = (
+                dir.path().join("without-layer.db"),
+                dir.path().join("with-layer.db"),
+            );
+            _tempdir = Some(dir);
+            pair
+        }
+    };
+
+    if !args.json {
+        println!(
+            "contention: {} clients, {} requests ({:.0}% POST /items, {:.0}% GET /items), \
+             pool {} connections, busy_timeout {} ms, {} cores{}",
+            args.clients,
+            args.requests,
+            args.write_ratio * 100.0,
+            (1.0 - args.write_ratio) * 100.0,
+            args.pool_size,
+            args.busy_timeout_ms,
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+            if cfg!(debug_assertions) {
+                " (debug build: use --release for representative numbers)"
+            } else {
+                ""
+            }
+        );
+    }
+
+    let run_one = |label: &'static str, db: PathBuf, retry: Option<RetryPolicies>| async move {
+        let progress = progress_bar(args, label);
+        let report = driver::run(Scenario {
+            label: label.to_string(),
+            db_path: db,
+            clients: args.clients,
+            requests: args.requests,
+            write_ratio: args.write_ratio,
+            pool_size: args.pool_size,
+            busy_timeout: Duration::from_millis(args.busy_timeout_ms),
+            retry,
+            progress: progress.clone(),
+        })
+        .await;
+        progress.finish_and_clear();
+        if let (Ok(r), false) = (&report, args.json) {
+            eprintln!(
+                "{:>14}: {} requests in {:.2} s",
+                r.label, r.requests, r.elapsed_s
+            );
+        }
+        report
+    };
+    let without = run_one("without layer", without_db, None).await?;
+    let with = run_one(
+        "with layer",
+        with_db,
+        Some(RetryPolicies::both(RetryPolicy::default())),
+    )
+    .await?;
+
+    let pass = with.failures() == 0 && with.integrity.ok && without.integrity.ok;
+    if args.json {
+        let out = serde_json::json!({
+            "config": {
+                "clients": args.clients,
+                "requests": args.requests,
+                "write_ratio": args.write_ratio,
+                "pool_size": args.pool_size,
+                "busy_timeout_ms": args.busy_timeout_ms,
+                "policy": format!("{:?}", RetryPolicy::default()),
+                "release": !cfg!(debug_assertions),
+            },
+            "runs": [without, with],
+            "pass": pass,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        print_table(&[&without, &with]);
+        println!();
+        for r in [&without, &with] {
+            println!("{}", integrity_line(r));
+        }
+        println!("{}", verdict(&without, &with, pass));
+    }
+    Ok(pass)
+}
+
+fn progress_bar(args: &Args, label: &str) -> ProgressBar {
+    if args.json {
+        return ProgressBar::hidden();
+    }
+    let style = ProgressStyle::with_template(
+        "{msg:>14} [{bar:40.cyan/blue}] {pos}/{len} {per_sec:>12} eta {eta}",
+    )
+    .expect("valid template")
+    .progress_chars("=> ");
+    let bar = ProgressBar::new(args.requests as u64).with_style(style);
+    bar.set_message(label.to_string());
+    bar
+}
+
+/// `dir/items.db` -> `dir/items.<tag>.db`.
+fn derived(path: &Path, tag: &str) -> PathBuf {
+    let stem = path
+        .file_stem()
+        .map_or_else(|| "items".into(), |s| s.to_string_lossy().into_owned());
+    let ext = path
+        .extension()
+        .map_or_else(|| "db".into(), |e| e.to_string_lossy().into_owned());
+    path.with_file_name(format!("{stem}.{tag}.{ext}"))
+}
+
+/// Removes a database file and its WAL companions, so a run starts empty.
+fn remove_db(path: &Path) -> std::io::Result<()> {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(suffix);
+        match std::fs::remove_file(&p) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn print_table(runs: &[&Report]) {
+    let dash = || "-".to_string();
+    let layer = |r: &Report, f: &dyn Fn(&driver::LayerReport) -> String| {
+        r.layer.as_ref().map_or_else(dash, f)
+    };
+    let rows: Vec<(&str, Vec<String>)> = vec![
+        ("", runs.iter().map(|r| r.label.clone()).collect()),
+        (
+            "requests (POST/GET)",
+            runs.iter()
+                .map(|r| format!("{} ({}/{})", r.requests, r.writes, r.reads))
+                .collect(),
+        ),
+        (
+            "2xx",
+            runs.iter().map(|r| r.status_2xx.to_string()).collect(),
+        ),
+        (
+            "5xx",
+            runs.iter().map(|r| r.status_5xx.to_string()).collect(),
+        ),
+        (
+            "other (4xx, transport)",
+            runs.iter().map(|r| r.other.to_string()).collect(),
+        ),
+        (
+            "success",
+            runs.iter()
+                .map(|r| format!("{:.1} %", r.success_pct()))
+                .collect(),
+        ),
+        (
+            "throughput",
+            runs.iter()
+                .map(|r| format!("{:.0} req/s", r.throughput_rps))
+                .collect(),
+        ),
+        (
+            "2xx per second",
+            runs.iter()
+                .map(|r| format!("{:.0} req/s", r.status_2xx as f64 / r.elapsed_s.max(1e-9)))
+                .collect(),
+        ),
+        (
+            "latency p50",
+            runs.iter()
+                .map(|r| format!("{:.1} ms", r.latency_ms.p50))
+                .collect(),
+        ),
+        (
+            "latency p95",
+            runs.iter()
+                .map(|r| format!("{:.1} ms", r.latency_ms.p95))
+                .collect(),
+        ),
+        (
+            "latency p99",
+            runs.iter()
+                .map(|r| format!("{:.1} ms", r.latency_ms.p99))
+                .collect(),
+        ),
+        (
+            "latency max",
+            runs.iter()
+                .map(|r| format!("{:.1} ms", r.latency_ms.max))
+                .collect(),
+        ),
+        (
+            "retries performed",
+            runs.iter()
+                .map(|r| layer(r, &|l| l.retries.to_string()))
+                .collect(),
+        ),
+        (
+            "gave up after retrying",
+            runs.iter()
+                .map(|r| layer(r, &|l| l.gave_up.to_string()))
+                .collect(),
+        ),
+        (
+            "rows committed",
+            runs.iter().map(|r| r.integrity.rows.to_string()).collect(),
+        ),
+        (
+            "201 Created answered",
+            runs.iter()
+                .map(|r| r.integrity.acknowledged.to_string())
+                .collect(),
+        ),
+        (
+            "integrity",
+            runs.iter()
+                .map(|r| if r.integrity.ok { "OK" } else { "BROKEN" }.to_string())
+                .collect(),
+        ),
+    ];
+    let width = rows
+        .iter()
+        .flat_map(|(_, vals)| vals.iter().map(String::len))
+        .max()
+        .unwrap_or(0)
+        + 2;
+    println!();
+    for (name, vals) in &rows {
+        let mut line = format!("{name:<24}");
+        for v in vals {
+            line.push_str(&format!("{v:>width$}"));
+        }
+        println!("{}", line.trim_end());
+    }
+    for r in runs {
+        if let Some(l) = &r.layer {
+            println!(
+                "{:<24}{}: {}",
+                "attempts histogram",
+                r.label,
+                histogram(&l.attempts_histogram)
+            );
+        }
+    }
+}
+
+/// `1×3712  2×201  3×57`: requests by attempts made; the last bucket reads `16+`.
+fn histogram(h: &[u64]) -> String {
+    let last = h.len();
+    h.iter()
+        .enumerate()
+        .filter(|(_, n)| **n > 0)
+        .map(|(i, n)| {
+            let plus = if i + 1 == last { "+" } else { "" };
+            format!("{}{plus}×{n}", i + 1)
+        })
+        .collect::<Vec<_>>()
+        .join("  ")
+}
+
+fn integrity_line(r: &Report) -> String {
+    let i = &r.integrity;
+    let verdict = if i.ok { "OK" } else { "BROKEN" };
+    format!(
+        "integrity, {}: {verdict}: {} rows committed, {} answered 201 Created; \
+         lost {}, unacknowledged {}, doubled {}, duplicate seq {}",
+        r.label, i.rows, i.acknowledged, i.lost, i.unacknowledged, i.doubled, i.duplicate_seqs
+    )
+}
+
+fn verdict(without: &Report, with: &Report, pass: bool) -> String {
+    let before = format!(
+        "without it {} of {} requests failed ({:.1} %)",
+        without.failures(),
+        without.requests,
+        100.0 - without.success_pct()
+    );
+    if pass {
+        format!(
+            "verdict: PASS: with the layer all {} requests succeeded and nothing was lost or \
+             doubled; {before}",
+            with.requests
+        )
+    } else {
+        let mut why = Vec::new();
+        if with.failures() > 0 {
+            why.push(format!(
+                "{} of {} requests failed with the layer (statuses {:?})",
+                with.failures(),
+                with.requests,
+                with.statuses
+            ));
+        }
+        for r in [without, with] {
+            if !r.integrity.ok {
+                why.push(format!("the run {} lost or doubled rows", r.label));
+            }
+        }
+        format!("verdict: FAIL: {}; {before}", why.join("; "))
+    }
+}

@@ -1,0 +1,364 @@
+//! The example app (`examples/app.rs`) and the demonstration's driver (`examples/contention.rs`),
+//! tested through the same code the examples run.
+//!
+//! Databases are real files in temporary directories: contention between connections is what
+//! the layer is for, and `sqlite::memory:` gives every connection its own database.
+
+#[path = "../examples/common/app_lib.rs"]
+mod app_lib;
+#[path = "../examples/common/driver.rs"]
+mod driver;
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use http::{Request, Response, StatusCode, header};
+use indicatif::ProgressBar;
+use sqlx::SqlitePool;
+use tempfile::TempDir;
+use tower::ServiceExt;
+use tower_sqlite_retry::{Jitter, Outcome, RetryOutcome, RetryPolicy};
+
+use app_lib::{AppMetrics, Item, Page, RetryPolicies, open_pool, router};
+use driver::Scenario;
+
+struct TestApp {
+    // Dropped last: removes the database file.
+    _dir: TempDir,
+    pool: SqlitePool,
+    app: Router,
+    metrics: Option<AppMetrics>,
+}
+
+async fn test_app(retry: Option<RetryPolicies>) -> TestApp {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = open_pool(&dir.path().join("items.db"), 4, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let (app, metrics) = router(pool.clone(), retry);
+    TestApp {
+        _dir: dir,
+        pool,
+        app,
+        metrics,
+    }
+}
+
+async fn with_layer() -> TestApp {
+    test_app(Some(RetryPolicies::both(RetryPolicy::default()))).await
+}
+
+impl TestApp {
+    async fn call(&self, req: Request<Body>) -> Response<Body> {
+        self.app.clone().oneshot(req).await.unwrap()
+    }
+
+    async fn get(&self, uri: &str) -> Response<Body> {
+        self.call(Request::get(uri).body(Body::empty()).unwrap())
+            .await
+    }
+
+    async fn post_json(&self, body: &str) -> Response<Body> {
+        self.call(
+            Request::post("/items")
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(body.to_owned()))
+                .unwrap(),
+        )
+        .await
+    }
+
+    async fn create(&self, name: &str) -> Item {
+        let res = self
+            .post_json(&serde_json::json!({ "name": name }).to_string())
+            .await;
+        assert_eq!(res.status(), StatusCode::CREATED);
+        json(res).await
+    }
+
+    fn retries(&self) -> u64 {
+        self.metrics.as_ref().unwrap().snapshot().retries()
+    }
+}
+
+async fn json<T: serde::de::DeserializeOwned>(res: Response<Body>) -> T {
+    let bytes = axum::body::to_bytes(res.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+        panic!("{e}: {:?}", String::from_utf8_lossy(&bytes));
+    })
+}
+
+#[tokio::test]
+async fn post_creates_201_with_the_item() {
+    let t = with_layer().await;
+    let first = t.create("apple").await;
+    let second = t.create("pear").await;
+    assert_eq!((first.seq, first.name.as_str()), (1, "apple"));
+    assert_eq!((second.seq, second.name.as_str()), (2, "pear"));
+    assert_ne!(first.id, second.id);
+}
+
+#[tokio::test]
+async fn post_answer_carries_the_retry_outcome() {
+    let t = with_layer().await;
+    let res = t.post_json(r#"{"name": "apple"}"#).await;
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let outcome = res.extensions().get::<RetryOutcome>().copied().unwrap();
+    assert_eq!(outcome.attempts(), 1);
+    assert_eq!(outcome.outcome(), Outcome::FirstTry);
+}
+
+#[tokio::test]
+async fn get_by_id_finds_the_item_or_404() {
+    let t = with_layer().await;
+    let item = t.create("apple").await;
+
+    let res = t.get(&format!("/items/{}", item.id)).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(json::<Item>(res).await, item);
+
+    let res = t.get(&format!("/items/{}", item.id + 1000)).await;
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn list_pages_through_every_item_in_order() {
+    let t = with_layer().await;
+    let mut created = Vec::new();
+    for name in ["a", "b", "c", "d", "e"] {
+        created.push(t.create(name).await);
+    }
+
+    let mut seen = Vec::new();
+    let mut after = 0;
+    let mut pages = 0;
+    loop {
+        let res = t.get(&format!("/items?limit=2&after={after}")).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        let page: Page = json(res).await;
+        assert!(page.items.len() <= 2);
+        pages += 1;
+        seen.extend(page.items);
+        match page.next {
+            Some(next) => after = next,
+            None => break,
+        }
+    }
+    assert_eq!(seen, created);
+    assert_eq!(pages, 3);
+
+    let page: Page = json(t.get("/items").await).await;
+    assert_eq!(page.items, created);
+    assert_eq!(page.next, None);
+}
+
+#[tokio::test]
+async fn malformed_json_is_a_4xx_and_never_replayed() {
+    let t = with_layer().await;
+    for (body, status) in [
+        (r#"{"name": "#, StatusCode::BAD_REQUEST),
+        (r#"{"nom": "apple"}"#, StatusCode::UNPROCESSABLE_ENTITY),
+        (r#"{"name": ""}"#, StatusCode::UNPROCESSABLE_ENTITY),
+    ] {
+        let res = t.post_json(body).await;
+        assert_eq!(res.status(), status, "{body}");
+        let outcome = res.extensions().get::<RetryOutcome>().copied().unwrap();
+        assert_eq!(outcome.attempts(), 1, "{body}");
+        assert_eq!(outcome.outcome(), Outcome::FirstTry, "{body}");
+    }
+    assert_eq!(t.retries(), 0);
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM items")
+        .fetch_one(&t.pool)
+        .await
+        .unwrap();
+    assert_eq!(count, 0);
+}
+
+#[tokio::test]
+async fn write_route_has_its_own_layer_inside_the_router_wide_one() {
+    let t = with_layer().await;
+    t.create("apple").await;
+    let res = t.get("/items").await;
+    assert_eq!(res.status(), StatusCode::OK);
+
+    let snap = t.metrics.as_ref().unwrap().snapshot();
+    // The route layer saw the POST only; the router-wide layer saw both.
+    assert_eq!(snap.write.requests, 1);
+    assert_eq!(snap.read.requests, 2);
+    assert_eq!(snap.read.attempts_histogram[0], 2);
+}
+
+#[tokio::test]
+async fn stats_returns_the_counters_as_json() {
+    let t = with_layer().await;
+    t.create("apple").await;
+    let res = t.get("/stats").await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        res.headers()[header::CONTENT_TYPE],
+        "application/json",
+        "{:?}",
+        res.headers()
+    );
+    let stats: serde_json::Value = json(res).await;
+    assert_eq!(stats["retry"], true);
+    assert_eq!(stats["retries"], 0);
+    assert_eq!(stats["write_layer"]["requests"], 1);
+    assert_eq!(stats["write_layer"]["outcomes"]["first_try"], 1);
+    assert!(stats["router_layer"]["attempts_histogram"].is_array());
+
+    let bare = test_app(None).await;
+    let stats: serde_json::Value = json(bare.get("/stats").await).await;
+    assert_eq!(stats, serde_json::json!({ "retry": false }));
+}
+
+/// Takes SQLite's write lock on another connection (`BEGIN IMMEDIATE` and an insert); it is
+/// held until that connection commits.
+async fn hold_write_lock(pool: &SqlitePool) -> sqlx::pool::PoolConnection<sqlx::Sqlite> {
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("BEGIN IMMEDIATE")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO items (seq, name) VALUES (1000, 'holder')")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    conn
+}
+
+#[tokio::test]
+async fn busy_write_without_the_layer_answers_503_at_once() {
+    let t = test_app(None).await;
+    let mut holder = hold_write_lock(&t.pool).await;
+
+    // busy_timeout is 5 s, yet the deferred read-then-write transaction fails at once.
+    let res = tokio::time::timeout(Duration::from_secs(2), t.post_json(r#"{"name": "x"}"#))
+        .await
+        .expect("answered without waiting for busy_timeout");
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(res.headers().contains_key(header::RETRY_AFTER));
+
+    sqlx::query("COMMIT").execute(&mut *holder).await.unwrap();
+}
+
+#[tokio::test]
+async fn busy_write_with_the_layer_is_replayed_until_it_commits() {
+    // No jitter, so the schedule is known: replays at ~2, 6, 14, 30, 62, ... ms.
+    let policy = RetryPolicy::default().max_attempts(30).jitter(Jitter::None);
+    let t = test_app(Some(RetryPolicies::both(policy))).await;
+    let mut holder = hold_write_lock(&t.pool).await;
+
+    let app = t.app.clone();
+    let request = tokio::spawn(async move {
+        app.oneshot(
+            Request::post("/items")
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(r#"{"name": "x"}"#))
+                .unwrap(),
+        )
+        .await
+        .unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    sqlx::query("COMMIT").execute(&mut *holder).await.unwrap();
+    drop(holder);
+
+    let res = request.await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let outcome = res.extensions().get::<RetryOutcome>().copied().unwrap();
+    assert_eq!(outcome.outcome(), Outcome::SucceededAfterRetry);
+    assert!(outcome.attempts() >= 2, "{outcome:?}");
+    let item: Item = json(res).await;
+    // Its replay read the holder's committed row.
+    assert_eq!((item.seq, item.name.as_str()), (1001, "x"));
+    assert_eq!(t.retries(), u64::from(outcome.attempts() - 1));
+}
+
+fn scenario(dir: &TempDir, name: &str, retry: Option<RetryPolicies>) -> Scenario {
+    Scenario {
+        label: name.to_string(),
+        db_path: dir.path().join(format!("{name}.db")),
+        clients: 16,
+        requests: 300,
+        write_ratio: 0.7,
+        pool_size: 8,
+        busy_timeout: Duration::from_secs(5),
+        retry,
+        progress: ProgressBar::hidden(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contention_driver_with_the_layer_fails_nothing_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let policies = RetryPolicies::both(RetryPolicy::default());
+    let report = driver::run(scenario(&dir, "with-layer", Some(policies)))
+        .await
+        .unwrap();
+
+    assert_eq!(report.requests, 300);
+    assert_eq!(report.failures(), 0, "{report:#?}");
+    assert_eq!(report.status_2xx, 300);
+    assert_eq!(report.success_pct(), 100.0);
+    let i = &report.integrity;
+    assert!(i.ok, "{i:#?}");
+    assert_eq!(i.rows, report.writes);
+    assert_eq!(i.acknowledged, report.writes);
+    assert_eq!((i.lost, i.unacknowledged, i.doubled), (0, 0, 0));
+    let layer = report.layer.as_ref().unwrap();
+    assert_eq!(layer.gave_up, 0);
+    assert_eq!(layer.attempts_histogram.iter().sum::<u64>(), 300);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contention_driver_without_the_layer_fails_requests_but_keeps_data_consistent() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = driver::run(scenario(&dir, "without-layer", None))
+        .await
+        .unwrap();
+
+    assert_eq!(report.requests, 300);
+    assert!(report.layer.is_none());
+    // Failures are likely here but not certain: no assertion on their number. What did
+    // commit must still match the answers exactly.
+    assert_eq!(report.status_2xx + report.status_5xx + report.other, 300);
+    assert_eq!(report.transport_errors, 0);
+    assert!(report.integrity.ok, "{:#?}", report.integrity);
+    assert_eq!(report.integrity.rows, report.integrity.acknowledged);
+}
+
+#[tokio::test]
+async fn integrity_check_catches_lost_doubled_and_phantom_rows() {
+    let t = test_app(None).await;
+    let a = t.create("a").await;
+    let b = t.create("b").await;
+    let intact = driver::check_integrity(&t.pool, &[a.clone(), b.clone()])
+        .await
+        .unwrap();
+    assert!(intact.ok, "{intact:?}");
+
+    // A row nobody was answered for, with a name already stored: a doubled insert.
+    sqlx::query("INSERT INTO items (seq, name) VALUES (3, 'b')")
+        .execute(&t.pool)
+        .await
+        .unwrap();
+    // An acknowledged item that is not stored.
+    let ghost = Item {
+        id: 99,
+        seq: 99,
+        name: "ghost".into(),
+    };
+    let broken = driver::check_integrity(&t.pool, &[a, b, ghost])
+        .await
+        .unwrap();
+    assert!(!broken.ok);
+    assert_eq!(
+        (broken.lost, broken.unacknowledged, broken.doubled),
+        (1, 1, 1),
+        "{broken:?}"
+    );
+}

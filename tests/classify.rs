@@ -1,0 +1,181 @@
+//! Classification fed by real sqlx errors, produced with DESIGN.md's recipes on real files.
+
+mod common;
+
+use std::time::Duration;
+
+use axum::response::IntoResponse;
+use http::StatusCode;
+use http_body_util::BodyExt;
+use sqlx::sqlite::SqlitePoolOptions;
+use tower_sqlite_retry::{DbError, Retryable, classify, is_constraint_violation};
+
+use common::{TestDb, assert_no_db_detail};
+
+fn code(err: &sqlx::Error) -> String {
+    err.as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.into_owned())
+        .unwrap_or_default()
+}
+
+async fn body_text(res: axum::response::Response) -> String {
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+/// A write while another connection holds `BEGIN IMMEDIATE`, busy timeout 0: SQLITE_BUSY (5).
+async fn real_busy(db: &TestDb) -> sqlx::Error {
+    let _pool = db.pool(1, Duration::ZERO).await; // creates the schema
+    let lock = db.hold_write_lock().await;
+    let mut conn = db.connection().await;
+    let err = sqlx::query("INSERT INTO items (seq, name) VALUES (1, 'x')")
+        .execute(&mut conn)
+        .await
+        .unwrap_err();
+    lock.release().await;
+    err
+}
+
+/// A deferred transaction reads (takes a WAL snapshot), another connection commits a write,
+/// then the first one writes: SQLITE_BUSY_SNAPSHOT (517), at once, whatever the timeout.
+async fn real_busy_snapshot(db: &TestDb) -> sqlx::Error {
+    let pool = db.pool(2, Duration::from_secs(5)).await;
+    let mut a = pool.begin().await.unwrap();
+    let _: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM items")
+        .fetch_one(&mut *a)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO items (seq, name) VALUES (100, 'other')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let err = sqlx::query("INSERT INTO items (seq, name) VALUES (101, 'mine')")
+        .execute(&mut *a)
+        .await
+        .unwrap_err();
+    a.rollback().await.unwrap();
+    err
+}
+
+#[tokio::test]
+async fn busy_is_retryable() {
+    let db = TestDb::new();
+    let err = real_busy(&db).await;
+    assert_eq!(code(&err), "5");
+    let r = classify(&err).expect("SQLITE_BUSY is retryable");
+    assert_eq!((r.code(), r.name()), ("5", "SQLITE_BUSY"));
+}
+
+#[tokio::test]
+async fn busy_snapshot_is_retryable() {
+    let db = TestDb::new();
+    let err = real_busy_snapshot(&db).await;
+    assert_eq!(code(&err), "517");
+    let r = classify(&err).expect("SQLITE_BUSY_SNAPSHOT is retryable");
+    assert_eq!(r.name(), "SQLITE_BUSY_SNAPSHOT");
+}
+
+#[tokio::test]
+async fn constraint_violation_is_not_retryable() {
+    let db = TestDb::new();
+    let pool = db.pool(1, Duration::ZERO).await;
+    sqlx::query("INSERT INTO items (seq, name) VALUES (1, 'a')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let err = sqlx::query("INSERT INTO items (seq, name) VALUES (1, 'b')")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), "2067");
+    assert!(classify(&err).is_none());
+    assert!(is_constraint_violation(&err));
+
+    let err = sqlx::query("INSERT INTO items (seq, name) VALUES (2, NULL)")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), "1299");
+    assert!(classify(&err).is_none());
+    assert!(is_constraint_violation(&err));
+}
+
+#[tokio::test]
+async fn pool_timeout_is_retryable_pool_closed_is_not() {
+    let db = TestDb::new();
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_millis(50))
+        .connect_with(db.options(Duration::ZERO))
+        .await
+        .unwrap();
+    let held = pool.acquire().await.unwrap();
+    let err = pool.acquire().await.unwrap_err();
+    assert!(matches!(err, sqlx::Error::PoolTimedOut), "{err:?}");
+    assert_eq!(classify(&err).unwrap().name(), "POOL_TIMED_OUT");
+    drop(held);
+
+    pool.close().await;
+    let err = pool.acquire().await.unwrap_err();
+    assert!(matches!(err, sqlx::Error::PoolClosed), "{err:?}");
+    assert!(classify(&err).is_none());
+}
+
+#[tokio::test]
+async fn other_errors_are_not_retryable() {
+    let db = TestDb::new();
+    let pool = db.pool(1, Duration::ZERO).await;
+    let err = sqlx::query("SELECT * FROM no_such_table")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), "1");
+    assert!(classify(&err).is_none());
+    assert!(!is_constraint_violation(&err));
+    assert!(classify(&sqlx::Error::RowNotFound).is_none());
+    assert!(classify(&sqlx::Error::WorkerCrashed).is_none());
+    assert!(classify(&sqlx::Error::Io(std::io::Error::other("x"))).is_none());
+}
+
+#[tokio::test]
+async fn db_error_responses_carry_no_database_detail() {
+    let db = TestDb::new();
+
+    let res = DbError::from(real_busy(&db).await).into_response();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()["retry-after"], "1");
+    assert_eq!(res.extensions().get::<Retryable>().unwrap().code(), "5");
+    assert_no_db_detail(&body_text(res).await);
+
+    let db2 = TestDb::new();
+    let res = DbError::from(real_busy_snapshot(&db2).await).into_response();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.extensions().get::<Retryable>().unwrap().code(), "517");
+
+    let pool = db.pool(1, Duration::ZERO).await;
+    sqlx::query("INSERT INTO items (seq, name) VALUES (7, 'a')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let err = sqlx::query("INSERT INTO items (seq, name) VALUES (7, 'a')")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    let res = DbError::from(err).into_response();
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    assert!(res.extensions().get::<Retryable>().is_none());
+    assert!(res.headers().get("retry-after").is_none());
+    assert_no_db_detail(&body_text(res).await);
+
+    let err = sqlx::query("SELECT secret FROM no_such_table")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    let res = DbError::from(err).into_response();
+    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(res.extensions().get::<Retryable>().is_none());
+    let text = body_text(res).await;
+    assert_no_db_detail(&text);
+    assert!(!text.contains("secret") && !text.contains("no_such_table"));
+}

@@ -1,0 +1,193 @@
+//! Shared test helpers: real SQLite files, a real HTTP server on loopback, a real client, and
+//! the contention recipes of DESIGN.md.
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use sqlx::{Connection, SqliteConnection, SqlitePool};
+
+/// A SQLite database in a file of its own, deleted with the value.
+pub struct TestDb {
+    _dir: tempfile::TempDir,
+    pub path: PathBuf,
+}
+
+impl TestDb {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("test.db");
+        Self { _dir: dir, path }
+    }
+
+    pub fn options(&self, busy_timeout: Duration) -> SqliteConnectOptions {
+        options(&self.path, busy_timeout)
+    }
+
+    /// A pool in WAL mode with this many connections and busy timeout; creates the `items`
+    /// table (`seq` unique).
+    pub async fn pool(&self, connections: u32, busy_timeout: Duration) -> SqlitePool {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(connections)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(self.options(busy_timeout))
+            .await
+            .expect("pool");
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS items (
+                id INTEGER PRIMARY KEY,
+                seq INTEGER NOT NULL UNIQUE,
+                name TEXT NOT NULL
+            )",
+        )
+        .execute(&pool)
+        .await
+        .expect("schema");
+        pool
+    }
+
+    /// A lone connection (busy timeout 0), for holding locks.
+    pub async fn connection(&self) -> SqliteConnection {
+        SqliteConnection::connect_with(&self.options(Duration::ZERO))
+            .await
+            .expect("connection")
+    }
+
+    /// Holds the write lock (`BEGIN IMMEDIATE`) on a connection of its own until released.
+    pub async fn hold_write_lock(&self) -> WriteLock {
+        let mut conn = self.connection().await;
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut conn)
+            .await
+            .expect("BEGIN IMMEDIATE");
+        WriteLock { conn }
+    }
+}
+
+pub fn options(path: &Path, busy_timeout: Duration) -> SqliteConnectOptions {
+    SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))
+        .expect("url")
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(busy_timeout)
+}
+
+pub struct WriteLock {
+    conn: SqliteConnection,
+}
+
+impl WriteLock {
+    pub async fn release(mut self) {
+        sqlx::query("COMMIT")
+            .execute(&mut self.conn)
+            .await
+            .expect("COMMIT");
+    }
+}
+
+/// Serves `app` on a fresh loopback port; the server stops when the handle drops.
+pub struct Server {
+    pub addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub async fn serve(app: Router) -> Server {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).await.expect("serve");
+    });
+    Server { addr, task }
+}
+
+/// A pooled HTTP/1 client over loopback.
+#[derive(Clone)]
+pub struct HttpClient {
+    client: Client<HttpConnector, Body>,
+    base: String,
+}
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+impl HttpClient {
+    pub fn new(addr: SocketAddr) -> Self {
+        Self {
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            base: format!("http://{addr}"),
+        }
+    }
+
+    pub async fn send(&self, req: Request<Body>) -> Reply {
+        let (mut parts, body) = req.into_parts();
+        parts.uri = format!("{}{}", self.base, parts.uri).parse().expect("uri");
+        let res = self
+            .client
+            .request(Request::from_parts(parts, body))
+            .await
+            .expect("request");
+        let (parts, body) = res.into_parts();
+        let body = body.collect().await.expect("body").to_bytes();
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        self.send(Request::get(path).body(Body::empty()).unwrap())
+            .await
+    }
+
+    pub async fn post(&self, path: &str, body: impl Into<Bytes>) -> Reply {
+        self.send(
+            Request::post(path)
+                .header("content-type", "application/json")
+                .body(Body::from(body.into()))
+                .unwrap(),
+        )
+        .await
+    }
+}
+
+/// Asserts that a response body carries no database detail.
+pub fn assert_no_db_detail(body: &str) {
+    let lower = body.to_lowercase();
+    for word in [
+        "sqlite", "database", "locked", "busy", "insert", "select", "code", "517", "(5)",
+    ] {
+        if word == "busy" && lower == "service busy, retry later" {
+            continue;
+        }
+        assert!(!lower.contains(word), "response body leaks {word:?}: {body:?}");
+    }
+}

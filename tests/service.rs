@@ -1,0 +1,303 @@
+//! The layer on plain tower services: readiness, error classifiers, backoff and deadline under
+//! tokio's paused clock, the side-effect fence, the retry budget.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{Request, Response, StatusCode};
+use proptest::prelude::*;
+use tokio::time::Instant;
+use tower::retry::budget::TpsBudget;
+use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_sqlite_retry::{
+    Attempt, Jitter, Outcome, RetryOutcome, RetryPolicy, Retryable, SqliteRetryLayer, SqlxErrors,
+};
+
+fn busy() -> Response<Body> {
+    let mut res = Response::new(Body::empty());
+    *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    res.extensions_mut()
+        .insert(Retryable::new("5", "SQLITE_BUSY"));
+    res
+}
+
+fn ok() -> Response<Body> {
+    Response::new(Body::empty())
+}
+
+fn req() -> Request<Body> {
+    Request::post("/").body(Body::from("x")).unwrap()
+}
+
+/// A service that is ready only every other poll, and panics if called when not ready. Fails
+/// retryably `fail` times.
+#[derive(Clone)]
+struct Reluctant {
+    ready: bool,
+    polls: Arc<AtomicU32>,
+    calls: Arc<AtomicU32>,
+    fail: u32,
+}
+
+impl Service<Request<Body>> for Reluctant {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        let n = self.polls.fetch_add(1, Ordering::SeqCst);
+        if n % 2 == 0 {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        self.ready = true;
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<Body>) -> Self::Future {
+        assert!(
+            std::mem::take(&mut self.ready),
+            "called without poll_ready"
+        );
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok(if n < self.fail { busy() } else { ok() }))
+    }
+}
+
+fn fast() -> RetryPolicy {
+    RetryPolicy::default()
+        .max_attempts(5)
+        .base_delay(Duration::ZERO)
+        .max_delay(Duration::from_millis(1))
+}
+
+#[tokio::test]
+async fn readiness_is_honoured_before_every_attempt() {
+    let inner = Reluctant {
+        ready: false,
+        polls: Arc::default(),
+        calls: Arc::default(),
+        fail: 3,
+    };
+    let calls = inner.calls.clone();
+    let polls = inner.polls.clone();
+    let mut svc = ServiceBuilder::new()
+        .layer(SqliteRetryLayer::new(fast()))
+        .service(inner);
+    let res = ServiceExt::<Request<Body>>::ready(&mut svc)
+        .await
+        .unwrap()
+        .call(req())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+    assert!(polls.load(Ordering::SeqCst) >= 8, "two polls per attempt");
+}
+
+#[tokio::test]
+async fn service_errors_use_the_error_classifier() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let inner = tower::service_fn(move |_: Request<Body>| {
+        let n = c.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if n < 2 {
+                Err(sqlx::Error::PoolTimedOut)
+            } else {
+                Ok(ok())
+            }
+        }
+    });
+    let svc = ServiceBuilder::new()
+        .layer(SqliteRetryLayer::new(fast()).classify_errors(SqlxErrors))
+        .service(inner.clone());
+    let res = svc.oneshot(req()).await.unwrap();
+    assert_eq!(res.extensions().get::<RetryOutcome>().unwrap().attempts(), 3);
+
+    // The default classifier never replays errors.
+    calls.store(0, Ordering::SeqCst);
+    let svc = ServiceBuilder::new()
+        .layer(SqliteRetryLayer::new(fast()))
+        .service(inner.clone());
+    assert!(svc.oneshot(req()).await.is_err());
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    // A non-retryable error is returned at once.
+    let svc = ServiceBuilder::new()
+        .layer(SqliteRetryLayer::new(fast()).classify_errors(SqlxErrors))
+        .service(tower::service_fn(|_: Request<Body>| async {
+            Err::<Response<Body>, _>(sqlx::Error::RowNotFound)
+        }));
+    assert!(matches!(
+        svc.oneshot(req()).await,
+        Err(sqlx::Error::RowNotFound)
+    ));
+}
+
+/// Always retryable after `handler` of (virtual) time.
+fn slow_busy(
+    handler: Duration,
+    calls: Arc<AtomicU32>,
+) -> impl Service<
+    Request<Body>,
+    Response = Response<Body>,
+    Error = Infallible,
+    Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>,
+> + Clone {
+    tower::service_fn(move |_: Request<Body>| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            tokio::time::sleep(handler).await;
+            Ok(busy())
+        }) as Pin<Box<dyn Future<Output = _> + Send>>
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn backoff_doubles_to_the_cap_and_stops_at_the_deadline() {
+    let ms = Duration::from_millis;
+    let policy = RetryPolicy::default()
+        .max_attempts(100)
+        .base_delay(ms(100))
+        .max_delay(ms(400))
+        .jitter(Jitter::None)
+        .deadline(ms(1000))
+        .replay_gate(None);
+    let calls = Arc::new(AtomicU32::new(0));
+    let svc = ServiceBuilder::new()
+        .layer(SqliteRetryLayer::new(policy))
+        .service(slow_busy(ms(50), calls.clone()));
+    let start = Instant::now();
+    let res = svc.oneshot(req()).await.unwrap();
+    // attempts at 0, 150, 400, 850 (each 50 ms); the next delay (400) would end at 1300.
+    assert_eq!(start.elapsed(), ms(900));
+    let o = *res.extensions().get::<RetryOutcome>().unwrap();
+    assert_eq!(o.outcome(), Outcome::Deadline);
+    assert_eq!(o.attempts(), 4);
+    assert_eq!(o.total_delay(), ms(100 + 200 + 400));
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_future_stops_further_attempts() {
+    let ms = Duration::from_millis;
+    let policy = RetryPolicy::default()
+        .base_delay(ms(100))
+        .max_delay(ms(100))
+        .jitter(Jitter::None);
+    let calls = Arc::new(AtomicU32::new(0));
+    let svc = ServiceBuilder::new()
+        .layer(SqliteRetryLayer::new(policy))
+        .service(slow_busy(ms(10), calls.clone()));
+    let fut = svc.oneshot(req());
+    // Gone during the first backoff.
+    assert!(tokio::time::timeout(ms(50), fut).await.is_err());
+    tokio::time::sleep(ms(10_000)).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn fence_stops_replays() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let inner = tower::service_fn(move |req: Request<Body>| {
+        c.fetch_add(1, Ordering::SeqCst);
+        let attempt = req.extensions().get::<Attempt>().unwrap().clone();
+        async move {
+            attempt.fence(); // "committed": a replay is unsafe now
+            Ok::<_, Infallible>(busy())
+        }
+    });
+    let layer = SqliteRetryLayer::new(fast());
+    let metrics = layer.metrics();
+    let res = ServiceBuilder::new()
+        .layer(layer)
+        .service(inner)
+        .oneshot(req())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        res.extensions().get::<RetryOutcome>().unwrap().outcome(),
+        Outcome::Fenced
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(metrics.snapshot().fenced, 1);
+}
+
+#[tokio::test]
+async fn budget_bounds_retries() {
+    // 0% of traffic, 1 retry per second over tower's 10 s window: a reserve of 10 retries.
+    let budget = Arc::new(TpsBudget::new(Duration::from_secs(10), 1, 0.0));
+    let layer = SqliteRetryLayer::new(fast().budget(budget));
+    let metrics = layer.metrics();
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let svc = ServiceBuilder::new()
+        .layer(layer)
+        .service(tower::service_fn(move |_: Request<Body>| {
+            c.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, Infallible>(busy()) }
+        }));
+    for _ in 0..100 {
+        let res = svc.clone().oneshot(req()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    let snap = metrics.snapshot();
+    assert!(snap.retries <= 10, "{snap:?}");
+    assert!(snap.retries > 0, "{snap:?}");
+    assert!(snap.budget_exhausted >= 90, "{snap:?}");
+    assert_eq!(calls.load(Ordering::SeqCst) as u64, 100 + snap.retries);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Over arbitrary policies and handler times: attempts ≤ max, no sleep ends past the
+    /// deadline (so the request ends by deadline + one handler time), every delay ≤ cap.
+    #[test]
+    fn deadline_and_attempts_are_never_overrun(
+        attempts in 1u32..20,
+        base_ms in 0u64..200,
+        extra_ms in 0u64..2000,
+        deadline_ms in 1u64..5000,
+        handler_ms in 0u64..300,
+        jitter in prop_oneof![Just(Jitter::None), Just(Jitter::Full), Just(Jitter::Equal), Just(Jitter::Decorrelated)],
+    ) {
+        let ms = Duration::from_millis;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let policy = RetryPolicy::default()
+                .max_attempts(attempts)
+                .base_delay(ms(base_ms))
+                .max_delay(ms(base_ms + extra_ms))
+                .jitter(jitter)
+                .deadline(ms(deadline_ms));
+            let calls = Arc::new(AtomicU32::new(0));
+            let svc = ServiceBuilder::new()
+                .layer(SqliteRetryLayer::new(policy))
+                .service(slow_busy(ms(handler_ms), calls.clone()));
+            let start = Instant::now();
+            let res = svc.oneshot(req()).await.unwrap();
+            let elapsed = start.elapsed();
+            let o = *res.extensions().get::<RetryOutcome>().unwrap();
+            prop_assert!(o.attempts() <= attempts);
+            prop_assert_eq!(o.attempts(), calls.load(Ordering::SeqCst));
+            prop_assert!(elapsed <= ms(deadline_ms + handler_ms), "{:?} > deadline", elapsed);
+            prop_assert!(o.total_delay() <= ms(deadline_ms));
+            prop_assert!(o.total_delay() <= ms(base_ms + extra_ms) * (o.attempts() - 1).max(1));
+            Ok(())
+        })?;
+    }
+}
