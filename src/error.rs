@@ -154,12 +154,14 @@ impl IntoResponse for DbError {
             _ => (String::new(), self.source.to_string()),
         };
         match &self.kind {
-            Kind::Retryable(r) => tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
-                db.response.status_code = %r.code(),
-                db.error.name = %r.name(),
-                error.message = %message,
-                "db error (retryable)"
-            ),
+            Kind::Retryable(r) => {
+                tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
+                    db.response.status_code = %r.code(),
+                    db.error.name = %r.name(),
+                    error.message = %message,
+                    "db error (retryable)"
+                )
+            }
             Kind::Conflict => tracing::event!(target: "tower_sqlite_retry", tracing::Level::INFO,
                 db.response.status_code = %code,
                 error.message = %message,

@@ -9,8 +9,9 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::extract::MatchedPath;
 use http::request::Parts;
-use http::{Request, Response};
+use http::{Method, Request, Response};
 use pin_project_lite::pin_project;
 use tokio::sync::{AcquireError, OwnedSemaphorePermit};
 use tokio::time::{Instant, Sleep};
@@ -51,6 +52,9 @@ pin_project! {
         total_delay: Duration,
         fence: Option<Arc<AtomicBool>>,
         gate_permit: Option<OwnedSemaphorePermit>,
+        // For the events, so they stand on their own when the span is filtered out.
+        method: Method,
+        route: Option<MatchedPath>,
         span: Span,
     }
 }
@@ -85,15 +89,13 @@ where
         let policy = &shared.policy;
         let max_attempts = policy.max_attempts;
         let (head, body) = req.into_parts();
-        let route = head
-            .extensions
-            .get::<axum::extract::MatchedPath>()
-            .map(|p| p.as_str());
+        let route = head.extensions.get::<MatchedPath>().cloned();
+        let method = head.method.clone();
         let span = tracing::info_span!(
             target: "tower_sqlite_retry",
             "sqlite_retry",
             http.request.method = %head.method,
-            http.route = route,
+            http.route = route.as_ref().map(MatchedPath::as_str),
             retry.max_attempts = max_attempts,
             retry.attempts = tracing::field::Empty,
             retry.outcome = tracing::field::Empty,
@@ -169,6 +171,8 @@ where
             total_delay: Duration::ZERO,
             fence,
             gate_permit: None,
+            method,
+            route,
             span,
         }
     }
@@ -251,7 +255,10 @@ where
                         let head = this.head.take().expect("head kept until the last attempt");
                         Request::from_parts(head, body)
                     } else {
-                        let head = this.head.as_ref().expect("head kept until the last attempt");
+                        let head = this
+                            .head
+                            .as_ref()
+                            .expect("head kept until the last attempt");
                         copy_head(head).map(|()| body)
                     };
                     req.extensions_mut().insert(Attempt::new(
@@ -304,9 +311,11 @@ where
                         } else {
                             Outcome::Exhausted
                         })
-                    } else if this.fence.as_ref().is_some_and(|f| {
-                        f.load(std::sync::atomic::Ordering::Acquire)
-                    }) {
+                    } else if this
+                        .fence
+                        .as_ref()
+                        .is_some_and(|f| f.load(std::sync::atomic::Ordering::Acquire))
+                    {
                         Some(Outcome::Fenced)
                     } else if n >= *this.max_attempts {
                         Some(Outcome::Exhausted)
@@ -329,22 +338,30 @@ where
                     if let Some(outcome) = stop {
                         let elapsed_ms = elapsed.as_millis() as u64;
                         match outcome {
-                            Outcome::Exhausted | Outcome::Deadline => tracing::event!(target: "tower_sqlite_retry", tracing::Level::ERROR,
-                                retry.attempts = n,
-                                retry.elapsed_ms = elapsed_ms,
-                                retry.outcome = outcome.as_str(),
-                                db.response.status_code = reason.code(),
-                                error.type = reason.name(),
-                                "retries exhausted"
-                            ),
-                            _ => tracing::event!(target: "tower_sqlite_retry", tracing::Level::WARN,
-                                retry.attempts = n,
-                                retry.elapsed_ms = elapsed_ms,
-                                retry.outcome = outcome.as_str(),
-                                db.response.status_code = reason.code(),
-                                error.type = reason.name(),
-                                "not retried"
-                            ),
+                            Outcome::Exhausted | Outcome::Deadline => {
+                                tracing::event!(target: "tower_sqlite_retry", tracing::Level::ERROR,
+                                    retry.attempts = n,
+                                    retry.elapsed_ms = elapsed_ms,
+                                    retry.outcome = outcome.as_str(),
+                                    db.response.status_code = reason.code(),
+                                    error.type = reason.name(),
+                                    http.request.method = %this.method,
+                                    http.route = this.route.as_ref().map(MatchedPath::as_str),
+                                    "retries exhausted"
+                                )
+                            }
+                            _ => {
+                                tracing::event!(target: "tower_sqlite_retry", tracing::Level::WARN,
+                                    retry.attempts = n,
+                                    retry.elapsed_ms = elapsed_ms,
+                                    retry.outcome = outcome.as_str(),
+                                    db.response.status_code = reason.code(),
+                                    error.type = reason.name(),
+                                    http.request.method = %this.method,
+                                    http.route = this.route.as_ref().map(MatchedPath::as_str),
+                                    "not retried"
+                                )
+                            }
                         }
                         this.state.set(State::Done);
                         return Poll::Ready(finish(
@@ -362,6 +379,8 @@ where
                         retry.elapsed_ms = elapsed.as_millis() as u64,
                         db.response.status_code = reason.code(),
                         error.type = reason.name(),
+                        http.request.method = %this.method,
+                        http.route = this.route.as_ref().map(MatchedPath::as_str),
                         "retrying request"
                     );
                     this.shared.counters.retry();

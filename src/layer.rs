@@ -98,8 +98,12 @@ impl<C> SqliteRetryLayer<C> {
     /// // errors that are (or box) a sqlx::Error, classified with `classify`:
     /// let layer = SqliteRetryLayer::new(RetryPolicy::default()).classify_errors(SqlxErrors);
     /// // or any closure `Fn(&E) -> Option<Retryable>`:
-    /// let layer = SqliteRetryLayer::new(RetryPolicy::default())
-    ///     .classify_errors(|e: &std::io::Error| None);
+    /// use tower_sqlite_retry::Retryable;
+    /// let layer = SqliteRetryLayer::new(RetryPolicy::default()).classify_errors(
+    ///     |e: &std::io::Error| -> Option<Retryable> {
+    ///         (e.kind() == std::io::ErrorKind::WouldBlock).then(|| Retryable::new("EAGAIN", "WOULD_BLOCK"))
+    ///     },
+    /// );
     /// ```
     pub fn classify_errors<D>(self, classifier: D) -> SqliteRetryLayer<D> {
         SqliteRetryLayer {

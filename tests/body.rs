@@ -5,11 +5,11 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum::Router;
 use futures::stream;
 use http::{HeaderValue, StatusCode};
 use http_body::Frame;
@@ -19,10 +19,12 @@ use tower_sqlite_retry::{
     Attempt, DbError, Jitter, Outcome, RetryOutcome, RetryPolicy, SqliteRetryLayer,
 };
 
+type Heads = Arc<Mutex<Vec<(Vec<String>, Option<&'static str>)>>>;
+
 #[derive(Clone, Default)]
 struct Seen {
     bodies: Arc<Mutex<Vec<Bytes>>>,
-    heads: Arc<Mutex<Vec<(Vec<String>, Option<&'static str>)>>>,
+    heads: Heads,
 }
 
 #[derive(Clone)]
@@ -84,7 +86,9 @@ fn request(body: Body) -> Request {
 
 fn chunked(chunks: Vec<Bytes>) -> Body {
     Body::new(StreamBody::new(stream::iter(
-        chunks.into_iter().map(|c| Ok::<_, Infallible>(Frame::data(c))),
+        chunks
+            .into_iter()
+            .map(|c| Ok::<_, Infallible>(Frame::data(c))),
     )))
 }
 
@@ -108,7 +112,11 @@ async fn body_and_head_are_identical_on_every_attempt() {
     assert!(bodies.iter().all(|b| b[..] == payload[..]));
     let heads = seen.heads.lock().unwrap().clone();
     for (headers, marker) in heads {
-        assert_eq!(headers, ["first", "second"], "duplicate headers kept in order");
+        assert_eq!(
+            headers,
+            ["first", "second"],
+            "duplicate headers kept in order"
+        );
         assert_eq!(marker, Some("pristine"));
     }
 }
@@ -165,16 +173,24 @@ async fn in_flight_cap_passes_through_and_gauge_returns_to_zero() {
             }),
         )
         .layer(layer);
-    let first = tokio::spawn(app.clone().oneshot(
-        http::Request::post("/hold").body(Body::from(vec![1u8; 800])).unwrap(),
-    ));
+    let first = tokio::spawn(
+        app.clone().oneshot(
+            http::Request::post("/hold")
+                .body(Body::from(vec![1u8; 800]))
+                .unwrap(),
+        ),
+    );
     while metrics.snapshot().buffered_bytes == 0 {
         tokio::task::yield_now().await;
     }
     assert_eq!(metrics.snapshot().buffered_bytes, 800);
     let second = app
         .clone()
-        .oneshot(http::Request::post("/hold").body(Body::from(vec![2u8; 800])).unwrap())
+        .oneshot(
+            http::Request::post("/hold")
+                .body(Body::from(vec![2u8; 800]))
+                .unwrap(),
+        )
         .await
         .unwrap();
     assert_eq!(outcome(&second).outcome(), Outcome::FirstTry);
@@ -210,7 +226,11 @@ async fn single_attempt_policy_never_buffers() {
         )
         .layer(layer);
     let res = app
-        .oneshot(http::Request::post("/x").body(Body::from(vec![0u8; 5000])).unwrap())
+        .oneshot(
+            http::Request::post("/x")
+                .body(Body::from(vec![0u8; 5000]))
+                .unwrap(),
+        )
         .await
         .unwrap();
     assert_eq!(res.status(), StatusCode::OK);

@@ -134,9 +134,16 @@ async fn thirty_two_clients_zero_failures_with_the_layer() {
     assert_eq!(run.posts_failed, 0, "failed POSTs with the layer");
     assert_eq!(run.gets_failed, 0, "failed GETs with the layer");
     assert_eq!(run.posts_ok, CLIENTS * POSTS_PER_CLIENT);
-    assert_eq!(run.rows as usize, run.posts_ok, "committed rows == successes");
+    assert_eq!(
+        run.rows as usize, run.posts_ok,
+        "committed rows == successes"
+    );
     assert_eq!(run.distinct_names, run.rows, "no duplicates");
-    assert_eq!(run.returned_seqs.len(), run.posts_ok, "no sequence handed out twice");
+    assert_eq!(
+        run.returned_seqs.len(),
+        run.posts_ok,
+        "no sequence handed out twice"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

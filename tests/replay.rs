@@ -24,10 +24,13 @@ fn fast_policy(attempts: u32) -> RetryPolicy {
         .jitter(Jitter::Full)
 }
 
+/// Each attempt's number and database error code.
+type CallLog = Arc<Mutex<Vec<(u32, Option<String>)>>>;
+
 #[derive(Clone)]
 struct BusyState {
     pool: SqlitePool,
-    calls: Arc<Mutex<Vec<(u32, Option<String>)>>>,
+    calls: CallLog,
     failed: mpsc::UnboundedSender<u32>,
     released: watch::Receiver<bool>,
 }
@@ -128,7 +131,11 @@ async fn never_released_is_exhausted_after_max_attempts() {
     assert_eq!(reply.headers["retry-after"], "1");
     assert_no_db_detail(&reply.text());
     let calls = state.calls.lock().unwrap().clone();
-    assert_eq!(calls.len(), 4, "exactly max_attempts handler calls: {calls:?}");
+    assert_eq!(
+        calls.len(),
+        4,
+        "exactly max_attempts handler calls: {calls:?}"
+    );
     assert!(calls.iter().all(|(_, c)| c.as_deref() == Some("5")));
     assert_eq!(
         calls.iter().map(|c| c.0).collect::<Vec<_>>(),
@@ -186,11 +193,14 @@ async fn read_then_write(
         Ok(next)
     }
     .await;
-    s.codes.lock().unwrap().push(result.as_ref().err().and_then(|e| {
-        e.as_database_error()
-            .and_then(|d| d.code())
-            .map(|c| c.into_owned())
-    }));
+    s.codes
+        .lock()
+        .unwrap()
+        .push(result.as_ref().err().and_then(|e| {
+            e.as_database_error()
+                .and_then(|d| d.code())
+                .map(|c| c.into_owned())
+        }));
     Ok(Json(result?))
 }
 

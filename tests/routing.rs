@@ -24,10 +24,7 @@ fn policy(attempts: u32) -> RetryPolicy {
 type Calls = Arc<AtomicU32>;
 
 /// Always fails with a (real) retryable sqlx error; records the attempt's max.
-async fn always_busy(
-    Extension(calls): Extension<Calls>,
-    attempt: Attempt,
-) -> Result<(), DbError> {
+async fn always_busy(Extension(calls): Extension<Calls>, attempt: Attempt) -> Result<(), DbError> {
     calls.fetch_add(1, Ordering::SeqCst);
     assert!(attempt.number() <= attempt.max());
     Err(sqlx::Error::PoolTimedOut.into())
@@ -45,7 +42,10 @@ async fn call(app: &Router, method: &str, uri: &str) -> (StatusCode, Option<Retr
         )
         .await
         .unwrap();
-    (res.status(), res.extensions().get::<RetryOutcome>().copied())
+    (
+        res.status(),
+        res.extensions().get::<RetryOutcome>().copied(),
+    )
 }
 
 fn count(calls: &Calls) -> u32 {
@@ -67,7 +67,10 @@ async fn method_router_layer_caps_one_method() {
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(count(&calls), 6);
     let outcome = outcome.unwrap();
-    assert_eq!((outcome.attempts(), outcome.outcome()), (6, Outcome::Exhausted));
+    assert_eq!(
+        (outcome.attempts(), outcome.outcome()),
+        (6, Outcome::Exhausted)
+    );
     // `MethodRouter::layer` wraps only the methods added before it.
     let (_, outcome) = call(&app, "GET", "/orders").await;
     assert_eq!(count(&calls), 1);
@@ -121,7 +124,11 @@ async fn nested_layers_never_multiply_attempts() {
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(count(&calls), 8);
     assert_eq!(outcome.unwrap().attempts(), 8);
-    assert_eq!(outer_metrics.snapshot().retries, 0, "the outer layer never replayed");
+    assert_eq!(
+        outer_metrics.snapshot().retries,
+        0,
+        "the outer layer never replayed"
+    );
     // Routes without an inner layer get the outer cap.
     call(&app, "POST", "/other").await;
     assert_eq!(count(&calls), 4);
@@ -143,7 +150,9 @@ async fn one_attempt_never_retries() {
     let calls = Calls::default();
     let app = Router::new()
         .route("/a", post(always_busy))
-        .layer(SqliteRetryLayer::new(RetryPolicy::default().max_attempts(1)))
+        .layer(SqliteRetryLayer::new(
+            RetryPolicy::default().max_attempts(1),
+        ))
         .layer(Extension(calls.clone()));
     let (status, outcome) = call(&app, "POST", "/a").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);

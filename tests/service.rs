@@ -52,7 +52,7 @@ impl Service<Request<Body>> for Reluctant {
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         let n = self.polls.fetch_add(1, Ordering::SeqCst);
-        if n % 2 == 0 {
+        if n.is_multiple_of(2) {
             cx.waker().wake_by_ref();
             return Poll::Pending;
         }
@@ -61,10 +61,7 @@ impl Service<Request<Body>> for Reluctant {
     }
 
     fn call(&mut self, _: Request<Body>) -> Self::Future {
-        assert!(
-            std::mem::take(&mut self.ready),
-            "called without poll_ready"
-        );
+        assert!(std::mem::take(&mut self.ready), "called without poll_ready");
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
         std::future::ready(Ok(if n < self.fail { busy() } else { ok() }))
     }
@@ -119,7 +116,10 @@ async fn service_errors_use_the_error_classifier() {
         .layer(SqliteRetryLayer::new(fast()).classify_errors(SqlxErrors))
         .service(inner.clone());
     let res = svc.oneshot(req()).await.unwrap();
-    assert_eq!(res.extensions().get::<RetryOutcome>().unwrap().attempts(), 3);
+    assert_eq!(
+        res.extensions().get::<RetryOutcome>().unwrap().attempts(),
+        3
+    );
 
     // The default classifier never replays errors.
     calls.store(0, Ordering::SeqCst);
@@ -141,22 +141,20 @@ async fn service_errors_use_the_error_classifier() {
     ));
 }
 
+type BoxFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
 /// Always retryable after `handler` of (virtual) time.
 fn slow_busy(
     handler: Duration,
     calls: Arc<AtomicU32>,
-) -> impl Service<
-    Request<Body>,
-    Response = Response<Body>,
-    Error = Infallible,
-    Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>,
-> + Clone {
+) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future = BoxFuture> + Clone
+{
     tower::service_fn(move |_: Request<Body>| {
         calls.fetch_add(1, Ordering::SeqCst);
         Box::pin(async move {
             tokio::time::sleep(handler).await;
             Ok(busy())
-        }) as Pin<Box<dyn Future<Output = _> + Send>>
+        }) as BoxFuture
     })
 }
 

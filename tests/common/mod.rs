@@ -188,6 +188,9 @@ pub fn assert_no_db_detail(body: &str) {
         if word == "busy" && lower == "service busy, retry later" {
             continue;
         }
-        assert!(!lower.contains(word), "response body leaks {word:?}: {body:?}");
+        assert!(
+            !lower.contains(word),
+            "response body leaks {word:?}: {body:?}"
+        );
     }
 }
