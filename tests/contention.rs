@@ -56,6 +56,23 @@ struct Run {
 }
 
 async fn run(with_layer: bool) -> Run {
+    run_with(
+        with_layer.then(RetryPolicy::default),
+        CLIENTS,
+        POSTS_PER_CLIENT,
+        3,
+    )
+    .await
+}
+
+/// `clients` concurrent clients, each sending `posts` POSTs and a GET after every
+/// `get_every`-th one.
+async fn run_with(
+    policy: Option<RetryPolicy>,
+    clients: usize,
+    posts: usize,
+    get_every: usize,
+) -> Run {
     let db = TestDb::new();
     // sqlx's default busy timeout (5 s): not set here on purpose.
     let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", db.path.display()))
@@ -74,16 +91,16 @@ async fn run(with_layer: bool) -> Run {
     let mut app = Router::new()
         .route("/items", post(create).get(list))
         .route("/health", get(|| async { "ok" }));
-    if with_layer {
-        app = app.layer(SqliteRetryLayer::new(RetryPolicy::default()));
+    if let Some(policy) = policy {
+        app = app.layer(SqliteRetryLayer::new(policy));
     }
     let server = serve(app.with_state(pool.clone())).await;
 
-    let clients = (0..CLIENTS).map(|c| {
+    let clients = (0..clients).map(|c| {
         let client = HttpClient::new(server.addr);
         async move {
             let (mut ok, mut failed, mut get_failed, mut seqs) = (0, 0, 0, Vec::new());
-            for i in 0..POSTS_PER_CLIENT {
+            for i in 0..posts {
                 let reply = client.post("/items", format!("\"c{c}-{i}\"")).await;
                 if reply.status == StatusCode::OK {
                     ok += 1;
@@ -91,7 +108,7 @@ async fn run(with_layer: bool) -> Run {
                 } else {
                     failed += 1;
                 }
-                if i % 3 == 0 && client.get("/items").await.status != StatusCode::OK {
+                if i % get_every == 0 && client.get("/items").await.status != StatusCode::OK {
                     get_failed += 1;
                 }
             }
@@ -158,4 +175,24 @@ async fn thirty_two_clients_fail_without_the_layer() {
         "the scenario must produce contention failures without the layer"
     );
     assert_eq!(run.rows as usize, run.posts_ok, "failures commit nothing");
+}
+
+/// Exactly once under load: 2,000 read-then-write requests at 128-way concurrency.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exactly_once_under_128_way_load() {
+    let (clients, posts) = (128, 2000 / 128 + 1);
+    let run = run_with(Some(RetryPolicy::default()), clients, posts, 4).await;
+    eprintln!(
+        "128 clients: {} ok, {} failed POSTs, {} failed GETs, {} rows",
+        run.posts_ok, run.posts_failed, run.gets_failed, run.rows
+    );
+    assert_eq!(run.posts_failed, 0, "no 5xx");
+    assert_eq!(run.gets_failed, 0);
+    assert_eq!(run.posts_ok, clients * posts);
+    assert_eq!(
+        run.rows as usize, run.posts_ok,
+        "committed rows == 2xx responses"
+    );
+    assert_eq!(run.distinct_names, run.rows, "no duplicates");
+    assert_eq!(run.returned_seqs.len(), run.posts_ok);
 }
