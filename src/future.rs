@@ -423,6 +423,16 @@ fn finish<B, E>(
 ) -> Result<Response<B>, E> {
     finish_span(span, shared, outcome, attempts);
     result.map(|mut res| {
+        // A retryable failure the layer gives up on tells the client when to come back, even
+        // when the handler's own error type forgot to.
+        if res.extensions().get::<Retryable>().is_some()
+            && !res.headers().contains_key(http::header::RETRY_AFTER)
+        {
+            res.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from_static("1"),
+            );
+        }
         res.extensions_mut().insert(RetryOutcome {
             attempts,
             total_delay,

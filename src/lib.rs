@@ -13,8 +13,9 @@ mod service;
 
 pub use attempt::{Attempt, Outcome, RetryOutcome};
 pub use classify::{
-    ClassifyError, NeverRetryErrors, Retryable, SqlxErrors, classify, classify_sqlite_code,
-    is_constraint_violation, sqlite_code_name,
+    ClassifyError, NeverRetryErrors, Retryable, SqlxErrors, classify, classify_mysql_code,
+    classify_postgres_code, classify_sqlite_code, is_constraint_violation, mysql_code_name,
+    postgres_code_name, sqlite_code_name,
 };
 pub use error::DbError;
 pub use layer::SqliteRetryLayer;

@@ -180,6 +180,8 @@ async fn backoff_doubles_to_the_cap_and_stops_at_the_deadline() {
     assert_eq!(o.outcome(), Outcome::Deadline);
     assert_eq!(o.attempts(), 4);
     assert_eq!(o.total_delay(), ms(100 + 200 + 400));
+    // The handler's marked 503 had no Retry-After; the layer adds one when it gives up.
+    assert_eq!(res.headers()["retry-after"], "1");
     assert_eq!(calls.load(Ordering::SeqCst), 4);
 }
 
