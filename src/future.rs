@@ -337,31 +337,25 @@ where
                     });
                     if let Some(outcome) = stop {
                         let elapsed_ms = elapsed.as_millis() as u64;
+                        macro_rules! stop_event {
+                            ($level:expr, $message:literal) => {
+                                tracing::event!(target: "tower_sqlite_retry", $level,
+                                    retry.attempts = n,
+                                    retry.elapsed_ms = elapsed_ms,
+                                    retry.outcome = outcome.as_str(),
+                                    db.response.status_code = reason.code(),
+                                    error.type = reason.name(),
+                                    http.request.method = %this.method,
+                                    http.route = this.route.as_ref().map(MatchedPath::as_str),
+                                    $message
+                                )
+                            };
+                        }
                         match outcome {
                             Outcome::Exhausted | Outcome::Deadline => {
-                                tracing::event!(target: "tower_sqlite_retry", tracing::Level::ERROR,
-                                    retry.attempts = n,
-                                    retry.elapsed_ms = elapsed_ms,
-                                    retry.outcome = outcome.as_str(),
-                                    db.response.status_code = reason.code(),
-                                    error.type = reason.name(),
-                                    http.request.method = %this.method,
-                                    http.route = this.route.as_ref().map(MatchedPath::as_str),
-                                    "retries exhausted"
-                                )
+                                stop_event!(tracing::Level::ERROR, "retries exhausted")
                             }
-                            _ => {
-                                tracing::event!(target: "tower_sqlite_retry", tracing::Level::WARN,
-                                    retry.attempts = n,
-                                    retry.elapsed_ms = elapsed_ms,
-                                    retry.outcome = outcome.as_str(),
-                                    db.response.status_code = reason.code(),
-                                    error.type = reason.name(),
-                                    http.request.method = %this.method,
-                                    http.route = this.route.as_ref().map(MatchedPath::as_str),
-                                    "not retried"
-                                )
-                            }
+                            _ => stop_event!(tracing::Level::WARN, "not retried"),
                         }
                         this.state.set(State::Done);
                         return Poll::Ready(finish(
