@@ -123,8 +123,9 @@ pub enum Outcome {
     NotReplayable,
     /// The handler called [`Attempt::fence`] before failing retryably.
     Fenced,
-    /// The last attempt failed in a way a replay cannot cure (a 5xx without the marker, or an
-    /// error the classifier refused) after at least one replay.
+    /// After at least one replay, the last attempt failed in a way a replay cannot cure: a
+    /// `4xx` or `5xx` without the marker (a constraint violation's `409`, say), or an error
+    /// the classifier refused.
     NonRetryable,
 }
 

@@ -191,7 +191,7 @@ fn copy_head(p: &Parts) -> Request<()> {
 
 /// Whether a response counts as a failure for the outcome (never for retry decisions).
 fn is_failure<B>(res: &Response<B>) -> bool {
-    res.status().is_server_error()
+    res.status().is_client_error() || res.status().is_server_error()
 }
 
 impl<S, C, ResBody> Future for ResponseFuture<S, C>
