@@ -1,27 +1,58 @@
 //! The demonstration: the example app (`examples/app.rs`) under write contention, once without
-//! `SqliteRetryLayer` and once with `RetryPolicy::default()`, each on a fresh SQLite file.
+//! `SqliteRetryLayer` and once with `RetryPolicy::default()` (see `--instances` for the write
+//! route's attempts when there are several instances), each on a fresh database.
 //!
 //! ```text
 //! cargo run --release --example contention
 //! cargo run --release --example contention -- --clients 128 --requests 8000 --write-ratio 0.9
 //! cargo run --release --example contention -- --json > contention.json
+//! cargo run --release --features postgres --example contention -- \
+//!     --database-url postgres://postgres@127.0.0.1:5432/test --instances 3
+//! cargo run --release --features mysql --example contention -- \
+//!     --database-url mysql://root@127.0.0.1:3306/test --instances 3
 //! ```
 //!
-//! The app serves on a real loopback socket (`127.0.0.1:0`); `--clients` HTTP/1.1 clients with
+//! The app serves on real loopback sockets (`127.0.0.1:0`); `--clients` HTTP/1.1 clients with
 //! keep-alive send `--requests` requests in all, `--write-ratio` of them `POST /items` (a
-//! deferred read-then-write transaction) and the rest `GET /items`. Then the table compares the
-//! two runs, and each run's database is checked against the answers: every `201 Created` has
-//! its row, no row lacks one, nothing was inserted twice, no `seq` repeats.
+//! read-then-write transaction) and the rest `GET /items`. Then the table compares the two
+//! runs, and each run's database is checked against the answers: every `201 Created` has its
+//! row, no row lacks one, nothing was inserted twice, no `seq` repeats.
+//!
+//! With `--instances N` each run starts N copies of the app, as a scaled-out deployment would:
+//! N servers, each with its own pool of `--pool-size` connections and its own retry layers,
+//! all on the same database; client `c` talks to instance `c mod N`. The report adds a table
+//! per instance. Everything a layer keeps is **per instance**: its counters, its replay gate
+//! (one replay at a time per instance, so N at a time in all) and any retry budget (each
+//! instance's budget only sees its own traffic). `max_attempts` and the deadline are per
+//! request, wherever it lands. So N instances mean N times the writers and N replays at once
+//! on the same rows, and a request needs more attempts to win: with several instances the
+//! write route (`POST /items`) gets `max_attempts` 16 × N unless `--max-attempts` says
+//! otherwise (measured on this app with 3 instances: `RetryPolicy::default()`'s 10 left 14 to
+//! 157 of 4000 requests failed on SQLite, PostgreSQL and MariaDB; 30 still one in six runs on
+//! MariaDB; 48 none). Everything else keeps `RetryPolicy::default()`; the 10 s deadline
+//! still bounds every request.
+//!
+//! The database is a SQLite file by default. `--database-url` names another: `sqlite:PATH`,
+//! `postgres://...` (build with `--features postgres`) or `mysql://...` (MySQL or MariaDB,
+//! `--features mysql`). On a URL the runs use the tables `tsr_demo_without_layer` and
+//! `tsr_demo_with_layer`, dropped and created afresh at the start of a run and dropped at its
+//! end; nothing else in that database is touched. What `POST /items` meets there:
+//! PostgreSQL `40001` (the transaction is `SERIALIZABLE`), MySQL/MariaDB `1213` (deadlock;
+//! `SERIALIZABLE` too); see `examples/common/app_lib.rs`.
 //!
 //! Exits with status 1 if the run with the layer failed any request, or if either run lost or
-//! doubled anything; 2 on bad flags or a setup error.
+//! doubled anything; 2 on bad flags or a setup error (a URL whose backend this build lacks
+//! says which feature to add).
 //!
 //! Flags: `--clients N` (64), `--requests N` (4000), `--write-ratio F` (0.7), `--pool-size N`
-//! (8), `--busy-timeout-ms N` (5000, sqlx's default), `--db PATH` (default: files in a
-//! temporary directory, removed at the end; with `--db items.db` the runs use
-//! `items.without-layer.db` and `items.with-layer.db`, replaced if they exist, and kept),
-//! `--json` (machine-readable report on stdout, no progress bar). `RUST_LOG` sets the log
-//! filter (default `error,tower_sqlite_retry=off`: the table already counts the retries).
+//! (8, per instance), `--busy-timeout-ms N` (5000, sqlx's default; SQLite only),
+//! `--instances N` (1), `--max-attempts N` (the write route's, in the run with the layer: 10
+//! with one instance, 16 × N with N), `--database-url URL` (default: SQLite files), `--db PATH` (SQLite
+//! files; default: files in a temporary directory, removed at the end; with `--db items.db`
+//! the runs use `items.without-layer.db` and `items.with-layer.db`, replaced if they exist,
+//! and kept), `--json` (machine-readable report on stdout, no progress bar). `RUST_LOG` sets
+//! the log filter (default `error,tower_sqlite_retry=off`: the table already counts the
+//! retries).
 
 #[path = "common/app_lib.rs"]
 mod app_lib;
@@ -36,11 +67,12 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tower_sqlite_retry::RetryPolicy;
 use tracing_subscriber::EnvFilter;
 
-use app_lib::RetryPolicies;
-use driver::{BoxError, Report, Scenario};
+use app_lib::{Backend, RetryPolicies, redact};
+use driver::{BoxError, Report, Scenario, Target};
 
 const USAGE: &str = "usage: contention [--clients N] [--requests N] [--write-ratio 0..1] \
-[--pool-size N] [--busy-timeout-ms N] [--db PATH] [--json]";
+[--pool-size N] [--busy-timeout-ms N] [--instances N] [--max-attempts N] \
+[--database-url URL | --db PATH] [--json]";
 
 #[derive(Debug)]
 struct Args {
@@ -49,6 +81,10 @@ struct Args {
     write_ratio: f64,
     pool_size: u32,
     busy_timeout_ms: u64,
+    instances: usize,
+    /// The write route's `max_attempts`; `None`: see [`Args::write_attempts`].
+    max_attempts: Option<u32>,
+    database_url: Option<String>,
     db: Option<PathBuf>,
     json: bool,
 }
@@ -61,9 +97,26 @@ impl Default for Args {
             write_ratio: 0.7,
             pool_size: 8,
             busy_timeout_ms: 5000,
+            instances: 1,
+            max_attempts: None,
+            database_url: None,
             db: None,
             json: false,
         }
+    }
+}
+
+impl Args {
+    /// The write route's `max_attempts` in the run with the layer: `--max-attempts`, else
+    /// `RetryPolicy::default()`'s with one instance and 16 per instance with several (every
+    /// instance's writers contend for the same rows, and every instance's replay gate lets a
+    /// replay through).
+    fn write_attempts(&self) -> u32 {
+        self.max_attempts.unwrap_or(if self.instances == 1 {
+            RetryPolicy::default().get_max_attempts()
+        } else {
+            16 * u32::try_from(self.instances).unwrap_or(u32::MAX / 16)
+        })
     }
 }
 
@@ -85,6 +138,9 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, Stri
             "--write-ratio" => args.write_ratio = value(&flag, v())?,
             "--pool-size" => args.pool_size = value(&flag, v())?,
             "--busy-timeout-ms" => args.busy_timeout_ms = value(&flag, v())?,
+            "--instances" => args.instances = value(&flag, v())?,
+            "--max-attempts" => args.max_attempts = Some(value(&flag, v())?),
+            "--database-url" => args.database_url = Some(value(&flag, v())?),
             "--db" => args.db = Some(value(&flag, v())?),
             "--json" => args.json = true,
             "-h" | "--help" => return Ok(None),
@@ -99,6 +155,33 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, Stri
     }
     if !(0.0..=1.0).contains(&args.write_ratio) {
         return Err("--write-ratio must be within 0..1".into());
+    }
+    if args.instances == 0 {
+        return Err("--instances must be at least 1".into());
+    }
+    if args.max_attempts == Some(0) {
+        return Err("--max-attempts must be at least 1".into());
+    }
+    if let Some(url) = &args.database_url {
+        if args.db.is_some() {
+            return Err("--db and --database-url exclude each other".into());
+        }
+        let backend = Backend::of_url(url).ok_or_else(|| {
+            format!(
+                "--database-url: {} is not sqlite:, postgres:// or mysql://",
+                redact(url)
+            )
+        })?;
+        if !backend.compiled_in() {
+            return Err(format!(
+                "--database-url: {} needs the crate's `{}` feature, which this build lacks:\n  \
+                 cargo run --release --features {} --example contention -- --database-url {}",
+                backend.name(),
+                backend.feature(),
+                backend.feature(),
+                redact(url)
+            ));
+        }
     }
     Ok(Some(args))
 }
@@ -138,34 +221,58 @@ async fn main() -> ExitCode {
 async fn run(args: &Args) -> Result<bool, BoxError> {
     // Kept alive to the end: dropping it removes the files.
     let mut _tempdir = None;
-    let (without_db, with_db) = match &args.db {
-        Some(path) => {
+    let (without_db, with_db) = match (&args.database_url, &args.db) {
+        (Some(url), _) => (
+            Target::Url {
+                url: url.clone(),
+                table: "tsr_demo_without_layer".into(),
+            },
+            Target::Url {
+                url: url.clone(),
+                table: "tsr_demo_with_layer".into(),
+            },
+        ),
+        (None, Some(path)) => {
             let pair = (derived(path, "without-layer"), derived(path, "with-layer"));
             remove_db(&pair.0)?;
             remove_db(&pair.1)?;
-            pair
+            (Target::SqliteFile(pair.0), Target::SqliteFile(pair.1))
         }
-        None => {
+        (None, None) => {
             let dir = tempfile::tempdir()?;
             let pair = (
                 dir.path().join("without-layer.db"),
                 dir.path().join("with-layer.db"),
             );
             _tempdir = Some(dir);
-            pair
+            (Target::SqliteFile(pair.0), Target::SqliteFile(pair.1))
         }
     };
+    let backend = args
+        .database_url
+        .as_deref()
+        .and_then(Backend::of_url)
+        .unwrap_or(Backend::Sqlite);
 
     if !args.json {
+        let timeout = if backend == Backend::Sqlite {
+            format!(", busy_timeout {} ms", args.busy_timeout_ms)
+        } else {
+            String::new()
+        };
         println!(
             "contention: {} clients, {} requests ({:.0}% POST /items, {:.0}% GET /items), \
-             pool {} connections, busy_timeout {} ms, {} cores{}",
+             {} {} connections{timeout}, {} cores{}",
             args.clients,
             args.requests,
             args.write_ratio * 100.0,
             (1.0 - args.write_ratio) * 100.0,
+            if args.instances == 1 {
+                "pool".to_string()
+            } else {
+                format!("{} instances, each with its own pool of", args.instances)
+            },
             args.pool_size,
-            args.busy_timeout_ms,
             std::thread::available_parallelism().map_or(1, |n| n.get()),
             if cfg!(debug_assertions) {
                 " (debug build: use --release for representative numbers)"
@@ -173,13 +280,29 @@ async fn run(args: &Args) -> Result<bool, BoxError> {
                 ""
             }
         );
+        println!(
+            "database: {}: {} / {}",
+            backend.name(),
+            without_db.describe(),
+            with_db.describe()
+        );
+        println!(
+            "policy with the layer: RetryPolicy::default(), POST /items max_attempts {}{}",
+            args.write_attempts(),
+            match (args.max_attempts, args.instances) {
+                (Some(_), _) => " (--max-attempts)".to_string(),
+                (None, 1) => " (the default)".to_string(),
+                (None, n) => format!(" (16 × {n} instances; --max-attempts to change)"),
+            }
+        );
     }
 
-    let run_one = |label: &'static str, db: PathBuf, retry: Option<RetryPolicies>| async move {
+    let run_one = |label: &'static str, target: Target, retry: Option<RetryPolicies>| async move {
         let progress = progress_bar(args, label);
         let report = driver::run(Scenario {
             label: label.to_string(),
-            db_path: db,
+            target,
+            instances: args.instances,
             clients: args.clients,
             requests: args.requests,
             write_ratio: args.write_ratio,
@@ -202,7 +325,10 @@ async fn run(args: &Args) -> Result<bool, BoxError> {
     let with = run_one(
         "with layer",
         with_db,
-        Some(RetryPolicies::both(RetryPolicy::default())),
+        Some(RetryPolicies {
+            write: RetryPolicy::default().max_attempts(args.write_attempts()),
+            read: RetryPolicy::default(),
+        }),
     )
     .await?;
 
@@ -215,6 +341,9 @@ async fn run(args: &Args) -> Result<bool, BoxError> {
                 "write_ratio": args.write_ratio,
                 "pool_size": args.pool_size,
                 "busy_timeout_ms": args.busy_timeout_ms,
+                "instances": args.instances,
+                "write_max_attempts": args.write_attempts(),
+                "database": backend.name(),
                 "policy": format!("{:?}", RetryPolicy::default()),
                 "release": !cfg!(debug_assertions),
             },
@@ -224,6 +353,11 @@ async fn run(args: &Args) -> Result<bool, BoxError> {
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         print_table(&[&without, &with]);
+        if args.instances > 1 {
+            for r in [&without, &with] {
+                print_instances(r);
+            }
+        }
         println!();
         for r in [&without, &with] {
             println!("{}", integrity_line(r));
@@ -390,6 +524,73 @@ fn print_table(runs: &[&Report]) {
                 histogram(&l.attempts_histogram)
             );
         }
+    }
+}
+
+/// One line per instance, then the total: the clients' answers and the instance's own layers.
+fn print_instances(r: &Report) {
+    println!();
+    println!("per instance, {}:", r.label);
+    let header = [
+        "instance", "clients", "requests", "2xx", "5xx", "other", "p99 ms", "retries", "gave up",
+    ];
+    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
+    let mut histograms = Vec::new();
+    let dash = || "-".to_string();
+    for i in &r.instances {
+        rows.push(vec![
+            i.instance.to_string(),
+            i.clients.to_string(),
+            i.requests.to_string(),
+            i.status_2xx.to_string(),
+            i.status_5xx.to_string(),
+            i.other.to_string(),
+            format!("{:.1}", i.latency_ms.p99),
+            i.layer
+                .as_ref()
+                .map_or_else(dash, |l| l.retries.to_string()),
+            i.layer
+                .as_ref()
+                .map_or_else(dash, |l| l.gave_up.to_string()),
+        ]);
+        if let Some(l) = &i.layer {
+            histograms.push((
+                format!("instance {}", i.instance),
+                histogram(&l.attempts_histogram),
+            ));
+        }
+    }
+    rows.push(vec![
+        "total".to_string(),
+        r.clients.to_string(),
+        r.requests.to_string(),
+        r.status_2xx.to_string(),
+        r.status_5xx.to_string(),
+        r.other.to_string(),
+        format!("{:.1}", r.latency_ms.p99),
+        r.layer
+            .as_ref()
+            .map_or_else(dash, |l| l.retries.to_string()),
+        r.layer
+            .as_ref()
+            .map_or_else(dash, |l| l.gave_up.to_string()),
+    ]);
+    if let Some(l) = &r.layer {
+        histograms.push(("total".to_string(), histogram(&l.attempts_histogram)));
+    }
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| rows.iter().map(|row| row[c].len()).max().unwrap_or(0) + 2)
+        .collect();
+    for row in &rows {
+        let line: String = row
+            .iter()
+            .zip(&widths)
+            .map(|(v, w)| format!("{v:>w$}"))
+            .collect();
+        println!("{}", line.trim_end());
+    }
+    for (name, h) in histograms {
+        println!("  attempts histogram, {name}: {h}");
     }
 }
 

@@ -4,8 +4,11 @@
 //! Databases are real files in temporary directories: contention between connections is what
 //! the layer is for, and `sqlite::memory:` gives every connection its own database.
 
+// Shared with the examples, which use parts these tests do not (server URLs, instances).
+#[allow(dead_code)]
 #[path = "../examples/common/app_lib.rs"]
 mod app_lib;
+#[allow(dead_code)]
 #[path = "../examples/common/driver.rs"]
 mod driver;
 
@@ -21,7 +24,7 @@ use tower::ServiceExt;
 use tower_sqlite_retry::{Jitter, Outcome, RetryOutcome, RetryPolicy};
 
 use app_lib::{AppMetrics, Item, Page, RetryPolicies, open_pool, router};
-use driver::Scenario;
+use driver::{Scenario, Target};
 
 struct TestApp {
     // Dropped last: removes the database file.
@@ -281,7 +284,8 @@ async fn busy_write_with_the_layer_is_replayed_until_it_commits() {
 fn scenario(dir: &TempDir, name: &str, retry: Option<RetryPolicies>) -> Scenario {
     Scenario {
         label: name.to_string(),
-        db_path: dir.path().join(format!("{name}.db")),
+        target: Target::SqliteFile(dir.path().join(format!("{name}.db"))),
+        instances: 1,
         clients: 16,
         requests: 300,
         write_ratio: 0.7,

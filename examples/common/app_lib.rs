@@ -1,13 +1,26 @@
 //! The example service, shared by `examples/app.rs`, `examples/contention.rs` and
 //! `tests/app.rs` (each includes this file with `#[path = "..."] mod app_lib;`).
 //!
-//! An item list in one SQLite file. `POST /items` is the pattern that meets
-//! `SQLITE_BUSY_SNAPSHOT`: a deferred transaction (`pool.begin()`, a plain `BEGIN`) that first
-//! reads the next sequence number, then inserts. Under concurrent writers SQLite refuses the
-//! write at once, whatever `busy_timeout` says, and only a re-run of the whole transaction
-//! (here: of the whole request) can succeed.
+//! An item list in one database: a SQLite file by default, or a PostgreSQL or MySQL/MariaDB
+//! server named by a database URL (with the crate's `postgres` or `mysql` feature).
+//! `POST /items` is the read-then-write transaction that meets each backend's retryable error
+//! under concurrent writers: it reads the next sequence number (`MAX(seq) + 1`), then inserts.
+//! Only a re-run of the whole transaction (here: of the whole request) can succeed.
+//!
+//! | backend | transaction | what concurrent writers get |
+//! |---|---|---|
+//! | SQLite | deferred (`BEGIN`) | `SQLITE_BUSY_SNAPSHOT` (517) at once, whatever `busy_timeout` says |
+//! | PostgreSQL | `SERIALIZABLE` | `40001` serialization_failure (at the insert or the commit) |
+//! | MySQL/MariaDB | `SERIALIZABLE` (the read takes shared next-key locks) | `1213` deadlock: both readers then want to insert into the gap the other one has locked |
+//!
+//! In every case the isolation level is what keeps `seq` honest: two transactions that read
+//! the same `MAX(seq)` can never both commit. (At PostgreSQL's default `READ COMMITTED` or
+//! InnoDB's default `REPEATABLE READ` the second insert would instead meet the `UNIQUE` index:
+//! a duplicate-key error, `409`, which no replay is made for.)
 
 use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Path as UrlPath, Query, State};
@@ -16,44 +29,392 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{AssertSqlSafe, SqlitePool};
 use tower_sqlite_retry::{
     Attempt, DbError, MetricsSnapshot, RetryMetrics, RetryPolicy, SqliteRetryLayer,
 };
-
-/// The schema, created at start if missing. `seq` is UNIQUE: two transactions that read the
-/// same `MAX(seq)` can never both commit.
-const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS items (
-    id   INTEGER PRIMARY KEY,
-    seq  INTEGER NOT NULL UNIQUE,
-    name TEXT    NOT NULL
-)";
 
 /// `GET /items` page size when `limit` is not given, and the largest one allowed.
 pub(crate) const DEFAULT_LIMIT: i64 = 50;
 pub(crate) const MAX_LIMIT: i64 = 500;
 
+/// The table the app uses unless told otherwise.
+pub(crate) const DEFAULT_TABLE: &str = "items";
+
+pub(crate) type OpenError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Opens (creating it if missing) the SQLite file at `path` as a pool of `pool_size`
 /// connections, in WAL mode with `synchronous = NORMAL` and the given `busy_timeout`, and
-/// creates the schema.
+/// creates the schema (table `items`).
 pub(crate) async fn open_pool(
     path: &Path,
     pool_size: u32,
     busy_timeout: Duration,
 ) -> Result<SqlitePool, sqlx::Error> {
-    let options = SqliteConnectOptions::new()
-        .filename(path)
+    let options = SqliteConnectOptions::new().filename(path);
+    let pool = sqlite_pool(options, pool_size, busy_timeout).await?;
+    Db::from(&pool).create_schema().await?;
+    Ok(pool)
+}
+
+async fn sqlite_pool(
+    options: SqliteConnectOptions,
+    pool_size: u32,
+    busy_timeout: Duration,
+) -> Result<SqlitePool, sqlx::Error> {
+    let options = options
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Normal)
         .busy_timeout(busy_timeout);
-    let pool = SqlitePoolOptions::new()
+    SqlitePoolOptions::new()
         .max_connections(pool_size)
         .connect_with(options)
-        .await?;
-    sqlx::query(SCHEMA).execute(&pool).await?;
-    Ok(pool)
+        .await
+}
+
+/// The backend a database URL names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Backend {
+    Sqlite,
+    Postgres,
+    MySql,
+}
+
+impl Backend {
+    /// `sqlite:`, `postgres://` (or `postgresql://`), `mysql://` (or `mariadb://`).
+    pub(crate) fn of_url(url: &str) -> Option<Self> {
+        let scheme = url.split_once(':')?.0.to_ascii_lowercase();
+        match scheme.as_str() {
+            "sqlite" => Some(Self::Sqlite),
+            "postgres" | "postgresql" => Some(Self::Postgres),
+            "mysql" | "mariadb" => Some(Self::MySql),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Sqlite => "SQLite",
+            Self::Postgres => "PostgreSQL",
+            Self::MySql => "MySQL/MariaDB",
+        }
+    }
+
+    /// The crate feature this backend needs (`sqlite` is on by default).
+    pub(crate) fn feature(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Postgres => "postgres",
+            Self::MySql => "mysql",
+        }
+    }
+
+    /// Whether this build can talk to this backend.
+    pub(crate) fn compiled_in(self) -> bool {
+        match self {
+            Self::Sqlite => true,
+            Self::Postgres => cfg!(feature = "postgres"),
+            Self::MySql => cfg!(feature = "mysql"),
+        }
+    }
+}
+
+/// `url` with any password replaced by `***`, for logs and reports.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) if userinfo.contains(':') => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}{tail}")
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// The database behind the app: a pool of one of the compiled-in backends, the table the app
+/// uses in it, and the statements for that backend.
+#[derive(Clone, Debug)]
+pub(crate) struct Db {
+    pool: Pool,
+    sql: Arc<Sql>,
+}
+
+#[derive(Clone, Debug)]
+enum Pool {
+    Sqlite(SqlitePool),
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::PgPool),
+    #[cfg(feature = "mysql")]
+    MySql(sqlx::MySqlPool),
+}
+
+/// Runs `$body` with `$pool` bound to the concrete pool, whatever the backend.
+macro_rules! on_pool {
+    ($db:expr, |$pool:ident| $body:expr) => {
+        match &$db.pool {
+            Pool::Sqlite($pool) => $body,
+            #[cfg(feature = "postgres")]
+            Pool::Postgres($pool) => $body,
+            #[cfg(feature = "mysql")]
+            Pool::MySql($pool) => $body,
+        }
+    };
+}
+
+/// The statements, written once per backend and table.
+#[derive(Debug)]
+struct Sql {
+    schema: Arc<str>,
+    drop: Arc<str>,
+    next_seq: Arc<str>,
+    insert: Arc<str>,
+    list: Arc<str>,
+    get: Arc<str>,
+    all: Arc<str>,
+}
+
+impl Sql {
+    fn new(backend: Backend, table: &str) -> Self {
+        let t = table;
+        let (schema, insert, p1, p2) = match backend {
+            Backend::Sqlite => (
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (
+                        id   INTEGER PRIMARY KEY,
+                        seq  INTEGER NOT NULL UNIQUE,
+                        name TEXT    NOT NULL
+                    )"
+                ),
+                format!("INSERT INTO {t} (seq, name) VALUES (?, ?) RETURNING id"),
+                "?",
+                "?",
+            ),
+            Backend::Postgres => (
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (
+                        id   BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                        seq  BIGINT NOT NULL UNIQUE,
+                        name TEXT   NOT NULL
+                    )"
+                ),
+                format!("INSERT INTO {t} (seq, name) VALUES ($1, $2) RETURNING id"),
+                "$1",
+                "$2",
+            ),
+            Backend::MySql => (
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (
+                        id   BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
+                        seq  BIGINT       NOT NULL UNIQUE,
+                        name VARCHAR(255) NOT NULL
+                    ) ENGINE = InnoDB"
+                ),
+                // MySQL has no `RETURNING`: the id comes from the insert's result.
+                format!("INSERT INTO {t} (seq, name) VALUES (?, ?)"),
+                "?",
+                "?",
+            ),
+        };
+        Self {
+            schema: schema.into(),
+            drop: format!("DROP TABLE IF EXISTS {t}").into(),
+            next_seq: format!("SELECT COALESCE(MAX(seq), 0) + 1 FROM {t}").into(),
+            insert: insert.into(),
+            list: format!("SELECT id, seq, name FROM {t} WHERE id > {p1} ORDER BY id LIMIT {p2}")
+                .into(),
+            get: format!("SELECT id, seq, name FROM {t} WHERE id = {p1}").into(),
+            all: format!("SELECT id, seq, name FROM {t} ORDER BY id").into(),
+        }
+    }
+}
+
+/// A statement as sqlx takes it (the text is ours, never the client's).
+fn q(text: &Arc<str>) -> AssertSqlSafe<Arc<str>> {
+    AssertSqlSafe(text.clone())
+}
+
+impl From<SqlitePool> for Db {
+    /// The app on a SQLite pool, table `items`.
+    fn from(pool: SqlitePool) -> Self {
+        Self {
+            pool: Pool::Sqlite(pool),
+            sql: Arc::new(Sql::new(Backend::Sqlite, DEFAULT_TABLE)),
+        }
+    }
+}
+
+impl From<&SqlitePool> for Db {
+    fn from(pool: &SqlitePool) -> Self {
+        Self::from(pool.clone())
+    }
+}
+
+impl Db {
+    /// Connects to `url` (`sqlite:PATH`, `postgres://...`, `mysql://...`) with a pool of
+    /// `pool_size` connections, to use `table`; `busy_timeout` applies to SQLite only. Does not
+    /// create the table: see [`Db::create_schema`].
+    pub(crate) async fn connect(
+        url: &str,
+        table: &str,
+        pool_size: u32,
+        busy_timeout: Duration,
+    ) -> Result<Self, OpenError> {
+        let Some(backend) = Backend::of_url(url) else {
+            return Err(format!(
+                "{}: not a database URL this app knows (sqlite:, postgres://, mysql://)",
+                redact(url)
+            )
+            .into());
+        };
+        if !backend.compiled_in() {
+            return Err(format!(
+                "{} needs the crate's `{}` feature, which this build lacks: rebuild with \
+                 `--features {}` (for example `cargo run --release --features {} --example \
+                 contention -- --database-url {}`)",
+                backend.name(),
+                backend.feature(),
+                backend.feature(),
+                backend.feature(),
+                redact(url)
+            )
+            .into());
+        }
+        let sql = Arc::new(Sql::new(backend, table));
+        let pool = match backend {
+            Backend::Sqlite => {
+                let options = SqliteConnectOptions::from_str(url)?;
+                Pool::Sqlite(sqlite_pool(options, pool_size, busy_timeout).await?)
+            }
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => Pool::Postgres(
+                sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(pool_size)
+                    .connect(url)
+                    .await?,
+            ),
+            #[cfg(feature = "mysql")]
+            Backend::MySql => Pool::MySql(
+                sqlx::mysql::MySqlPoolOptions::new()
+                    .max_connections(pool_size)
+                    .connect(url)
+                    .await?,
+            ),
+            #[allow(unreachable_patterns)]
+            _ => unreachable!("checked by compiled_in"),
+        };
+        Ok(Self { pool, sql })
+    }
+
+    /// Creates the table if it is missing.
+    pub(crate) async fn create_schema(&self) -> Result<(), sqlx::Error> {
+        on_pool!(self, |pool| sqlx::query(q(&self.sql.schema))
+            .execute(pool)
+            .await
+            .map(drop))
+    }
+
+    /// Drops the table if it exists.
+    pub(crate) async fn drop_table(&self) -> Result<(), sqlx::Error> {
+        on_pool!(self, |pool| sqlx::query(q(&self.sql.drop))
+            .execute(pool)
+            .await
+            .map(drop))
+    }
+
+    pub(crate) async fn close(&self) {
+        on_pool!(self, |pool| pool.close().await)
+    }
+
+    /// The read-then-write transaction of `POST /items`: reads `MAX(seq) + 1`, inserts the item
+    /// with it, commits. Returns `(id, seq)`. See the module docs for the error each backend
+    /// answers concurrent writers with.
+    pub(crate) async fn create_item(&self, name: &str) -> Result<(i64, i64), sqlx::Error> {
+        let sql = &*self.sql;
+        match &self.pool {
+            Pool::Sqlite(pool) => {
+                // A deferred transaction: `BEGIN`, not `BEGIN IMMEDIATE` (which would avoid
+                // most of the contention: this example shows what the layer does without it).
+                let mut tx = pool.begin().await?;
+                let seq: i64 = sqlx::query_scalar(q(&sql.next_seq))
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let id: i64 = sqlx::query_scalar(q(&sql.insert))
+                    .bind(seq)
+                    .bind(name)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok((id, seq))
+            }
+            #[cfg(feature = "postgres")]
+            Pool::Postgres(pool) => {
+                let mut tx = pool
+                    .begin_with("BEGIN ISOLATION LEVEL SERIALIZABLE")
+                    .await?;
+                let seq: i64 = sqlx::query_scalar(q(&sql.next_seq))
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let id: i64 = sqlx::query_scalar(q(&sql.insert))
+                    .bind(seq)
+                    .bind(name)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok((id, seq))
+            }
+            #[cfg(feature = "mysql")]
+            Pool::MySql(pool) => {
+                let mut tx = pool
+                    .begin_with("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE; START TRANSACTION")
+                    .await?;
+                let seq: i64 = sqlx::query_scalar(q(&sql.next_seq))
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let done = sqlx::query(q(&sql.insert))
+                    .bind(seq)
+                    .bind(name)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                let id = i64::try_from(done.last_insert_id())
+                    .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+                Ok((id, seq))
+            }
+        }
+    }
+
+    /// Items with `id > after`, in id order, at most `limit`.
+    pub(crate) async fn list(&self, after: i64, limit: i64) -> Result<Vec<Item>, sqlx::Error> {
+        let rows: Vec<(i64, i64, String)> =
+            on_pool!(self, |pool| sqlx::query_as(q(&self.sql.list))
+                .bind(after)
+                .bind(limit)
+                .fetch_all(pool)
+                .await?);
+        Ok(rows.into_iter().map(Item::from).collect())
+    }
+
+    pub(crate) async fn get(&self, id: i64) -> Result<Option<Item>, sqlx::Error> {
+        let row: Option<(i64, i64, String)> =
+            on_pool!(self, |pool| sqlx::query_as(q(&self.sql.get))
+                .bind(id)
+                .fetch_optional(pool)
+                .await?);
+        Ok(row.map(Item::from))
+    }
+
+    /// Every row, in id order (for the integrity check).
+    pub(crate) async fn all_items(&self) -> Result<Vec<Item>, sqlx::Error> {
+        let rows: Vec<(i64, i64, String)> = on_pool!(self, |pool| sqlx::query_as(q(&self.sql.all))
+            .fetch_all(pool)
+            .await?);
+        Ok(rows.into_iter().map(Item::from).collect())
+    }
 }
 
 /// The retry policies of the service: one for the write route (`POST /items`), one for
@@ -66,6 +427,7 @@ pub(crate) struct RetryPolicies {
 
 impl RetryPolicies {
     /// The same policy on both layers.
+    #[allow(dead_code)] // tests/app.rs; the demonstration gives the write route its own
     pub(crate) fn both(policy: RetryPolicy) -> Self {
         Self {
             write: policy.clone(),
@@ -149,7 +511,7 @@ fn snapshot_json(s: &MetricsSnapshot) -> serde_json::Value {
 
 #[derive(Clone, Debug)]
 struct AppState {
-    pool: SqlitePool,
+    db: Db,
     metrics: Option<AppMetrics>,
 }
 
@@ -157,18 +519,16 @@ struct AppState {
 /// route) and a router-wide layer covers the reads; without, the same routes run bare, for
 /// comparison. Returns the layers' counters alongside.
 pub(crate) fn router(
-    pool: SqlitePool,
+    db: impl Into<Db>,
     retry: Option<RetryPolicies>,
 ) -> (Router, Option<AppMetrics>) {
+    let db = db.into();
     let Some(policies) = retry else {
         let app = Router::new()
             .route("/items", post(create_item).get(list_items))
             .route("/items/{id}", get(get_item))
             .route("/stats", get(stats))
-            .with_state(AppState {
-                pool,
-                metrics: None,
-            });
+            .with_state(AppState { db, metrics: None });
         return (app, None);
     };
 
@@ -187,7 +547,7 @@ pub(crate) fn router(
         // Everything else (and, passing through, the write route too).
         .layer(read_layer)
         .with_state(AppState {
-            pool,
+            db,
             metrics: Some(metrics.clone()),
         });
     (app, Some(metrics))
@@ -214,11 +574,10 @@ struct NewItem {
 
 /// `POST /items {"name": "..."}`: 201 with the item.
 ///
-/// The read-then-write transaction is deliberate: it is the shape that meets
-/// `SQLITE_BUSY_SNAPSHOT` (517) when another writer commits between our read and our write.
-/// `?` turns that error into a `DbError`, whose response carries the marker that makes the
-/// layer replay the whole request. (`pool.begin_with("BEGIN IMMEDIATE")` would avoid most of
-/// it: this example shows what the layer does when it is not used.)
+/// The read-then-write transaction is deliberate: it is the shape that meets each backend's
+/// retryable error when another writer commits between our read and our write
+/// (`SQLITE_BUSY_SNAPSHOT`, `40001`, `1213`: see the module docs). `?` turns that error into a
+/// `DbError`, whose response carries the marker that makes the layer replay the whole request.
 async fn create_item(
     State(state): State<AppState>,
     attempt: Attempt,
@@ -238,16 +597,7 @@ async fn create_item(
             "replaying POST /items"
         );
     }
-    let mut tx = state.pool.begin().await?;
-    let seq: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) + 1 FROM items")
-        .fetch_one(&mut *tx)
-        .await?;
-    let id: i64 = sqlx::query_scalar("INSERT INTO items (seq, name) VALUES (?, ?) RETURNING id")
-        .bind(seq)
-        .bind(&new.name)
-        .fetch_one(&mut *tx)
-        .await?;
-    tx.commit().await?;
+    let (id, seq) = state.db.create_item(&new.name).await?;
     // Committed: from here on a replay would insert the item twice.
     attempt.fence();
     let item = Item {
@@ -279,13 +629,7 @@ async fn list_items(
 ) -> Result<Json<Page>, DbError> {
     let limit = q.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
     let after = q.after.unwrap_or(0);
-    let rows: Vec<(i64, i64, String)> =
-        sqlx::query_as("SELECT id, seq, name FROM items WHERE id > ? ORDER BY id LIMIT ?")
-            .bind(after)
-            .bind(limit)
-            .fetch_all(&state.pool)
-            .await?;
-    let items: Vec<Item> = rows.into_iter().map(Item::from).collect();
+    let items = state.db.list(after, limit).await?;
     let next = match items.last() {
         Some(last) if items.len() as i64 == limit => Some(last.id),
         _ => None,
@@ -298,13 +642,8 @@ async fn get_item(
     State(state): State<AppState>,
     UrlPath(id): UrlPath<i64>,
 ) -> Result<Response, DbError> {
-    let row: Option<(i64, i64, String)> =
-        sqlx::query_as("SELECT id, seq, name FROM items WHERE id = ?")
-            .bind(id)
-            .fetch_optional(&state.pool)
-            .await?;
-    Ok(match row {
-        Some(row) => Json(Item::from(row)).into_response(),
+    Ok(match state.db.get(id).await? {
+        Some(item) => Json(item).into_response(),
         None => (StatusCode::NOT_FOUND, "no such item").into_response(),
     })
 }

@@ -1,6 +1,7 @@
 //! The load driver of `examples/contention.rs`, shared with `tests/app.rs`: serves the example
-//! app on a real loopback socket, drives concurrent HTTP clients against it, and checks what
-//! was committed against what was acknowledged.
+//! app on real loopback sockets (one server per instance, each with its own pool and its own
+//! retry layers, all on one database), drives concurrent HTTP clients against them, and checks
+//! what was committed against what was acknowledged.
 //!
 //! It needs `mod app_lib;` declared next to it (at the crate root of whoever includes it).
 
@@ -18,29 +19,60 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use indicatif::ProgressBar;
 use serde::Serialize;
-use sqlx::SqlitePool;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
-use crate::app_lib::{Item, RetryPolicies, open_pool, router};
+use crate::app_lib::{AppMetrics, Db, Item, RetryPolicies, open_pool, redact, router};
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// One run: a fresh database file, the app with or without the retry layers, and `clients`
-/// concurrent clients sending `requests` requests in all.
+/// Where a run keeps its items.
+#[derive(Debug, Clone)]
+pub(crate) enum Target {
+    /// A SQLite file, created if missing (table `items`). Use a fresh one for every run.
+    SqliteFile(PathBuf),
+    /// A database URL (`sqlite:`, `postgres://`, `mysql://`) and the table to use there. The
+    /// run drops and creates the table first, and drops it at the end.
+    Url { url: String, table: String },
+}
+
+impl Target {
+    /// For the report: the file, or the URL (password hidden) and table.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Self::SqliteFile(path) => path.display().to_string(),
+            Self::Url { url, table } => format!("{} (table {table})", redact(url)),
+        }
+    }
+
+    async fn connect(&self, pool_size: u32, busy_timeout: Duration) -> Result<Db, BoxError> {
+        match self {
+            Self::SqliteFile(path) => Ok(open_pool(path, pool_size, busy_timeout).await?.into()),
+            Self::Url { url, table } => Ok(Db::connect(url, table, pool_size, busy_timeout).await?),
+        }
+    }
+}
+
+/// One run: a fresh table, `instances` copies of the app (each its own server, pool and
+/// layers) with or without the retry layers, and `clients` concurrent clients sending
+/// `requests` requests in all, spread round-robin over the instances.
 #[derive(Debug, Clone)]
 pub(crate) struct Scenario {
     /// A name for the report (`"without layer"`, `"with layer"`).
     pub(crate) label: String,
-    /// The SQLite file; created if missing. Use a fresh one for every run.
-    pub(crate) db_path: PathBuf,
+    pub(crate) target: Target,
+    /// App instances sharing the database, as in a scaled-out deployment (at least 1).
+    pub(crate) instances: usize,
     pub(crate) clients: usize,
     pub(crate) requests: usize,
     /// The share of requests that are `POST /items` (the rest are `GET /items`), `0.0..=1.0`.
     pub(crate) write_ratio: f64,
+    /// Connections per instance.
     pub(crate) pool_size: u32,
     pub(crate) busy_timeout: Duration,
-    /// `None` serves the app without any retry layer.
+    /// `None` serves the app without any retry layer. Each instance gets its own layers built
+    /// from these policies (its own counters, replay gate, buffer cap; a budget `Arc` inside a
+    /// policy would be shared, so the demonstration sets none).
     pub(crate) retry: Option<RetryPolicies>,
     /// Advanced once per finished request (pass `ProgressBar::hidden()` for none).
     pub(crate) progress: ProgressBar,
@@ -69,8 +101,10 @@ pub(crate) struct Report {
     pub(crate) elapsed_s: f64,
     pub(crate) throughput_rps: f64,
     pub(crate) latency_ms: Latency,
-    /// The layers' counters; `None` without them.
+    /// The layers' counters, all instances together; `None` without them.
     pub(crate) layer: Option<LayerReport>,
+    /// The same, instance by instance (one entry per instance, in order).
+    pub(crate) instances: Vec<InstanceReport>,
     pub(crate) integrity: Integrity,
 }
 
@@ -86,6 +120,21 @@ impl Report {
         }
         100.0 * self.status_2xx as f64 / self.requests as f64
     }
+}
+
+/// One instance's share of a run: what its clients saw, and its own layers' counters.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct InstanceReport {
+    /// 1-based.
+    pub(crate) instance: usize,
+    pub(crate) clients: usize,
+    pub(crate) requests: u64,
+    pub(crate) status_2xx: u64,
+    pub(crate) status_5xx: u64,
+    pub(crate) other: u64,
+    pub(crate) latency_ms: Latency,
+    /// `None` without the layers.
+    pub(crate) layer: Option<LayerReport>,
 }
 
 /// Client-side latency percentiles (nearest rank), in milliseconds.
@@ -106,8 +155,45 @@ pub(crate) struct LayerReport {
     pub(crate) attempts_histogram: Vec<u64>,
     /// Requests the layer gave up on (`exhausted`, `deadline`, `budget_exhausted`).
     pub(crate) gave_up: u64,
-    /// Everything, as `GET /stats` shows it.
+    /// Everything, as `GET /stats` shows it (one entry per instance for a total).
     pub(crate) stats: serde_json::Value,
+}
+
+impl LayerReport {
+    fn of(metrics: &AppMetrics) -> Self {
+        let snap = metrics.snapshot();
+        Self {
+            retries: snap.retries(),
+            attempts_histogram: snap.attempts_histogram(),
+            gave_up: snap.gave_up(),
+            stats: snap.to_json(),
+        }
+    }
+
+    /// The instances' counters added up.
+    fn total(parts: &[&LayerReport]) -> Self {
+        let len = parts
+            .iter()
+            .map(|p| p.attempts_histogram.len())
+            .max()
+            .unwrap_or(0);
+        let mut attempts_histogram = vec![0; len];
+        for p in parts {
+            for (sum, n) in attempts_histogram.iter_mut().zip(&p.attempts_histogram) {
+                *sum += n;
+            }
+        }
+        Self {
+            retries: parts.iter().map(|p| p.retries).sum(),
+            attempts_histogram,
+            gave_up: parts.iter().map(|p| p.gave_up).sum(),
+            stats: if parts.len() == 1 {
+                parts[0].stats.clone()
+            } else {
+                serde_json::Value::Array(parts.iter().map(|p| p.stats.clone()).collect())
+            },
+        }
+    }
 }
 
 /// What was committed, against what was acknowledged with `201 Created`.
@@ -129,11 +215,22 @@ pub(crate) struct Integrity {
     pub(crate) ok: bool,
 }
 
-/// Runs one scenario to the end and reports. The database file is left in place.
+/// One app instance being served.
+struct Instance {
+    db: Db,
+    metrics: Option<AppMetrics>,
+    base: String,
+    stop: oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// Runs one scenario to the end and reports. A SQLite file is left in place; a table named
+/// by a URL is dropped.
 pub(crate) async fn run(scenario: Scenario) -> Result<Report, BoxError> {
     let Scenario {
         label,
-        db_path,
+        target,
+        instances,
         clients,
         requests,
         write_ratio,
@@ -143,33 +240,52 @@ pub(crate) async fn run(scenario: Scenario) -> Result<Report, BoxError> {
         progress,
     } = scenario;
     let retry_layer = retry.is_some();
+    let instances = instances.max(1);
+    let clients = clients.max(1);
 
-    let pool = open_pool(&db_path, pool_size, busy_timeout).await?;
-    let (app, metrics) = router(pool.clone(), retry);
-
-    // A real server on a real socket: what a client sees, keep-alive and all.
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    // A fresh table, then one pool per instance: N processes sharing one database.
+    let setup = target.connect(1, busy_timeout).await?;
+    if let Target::Url { .. } = target {
+        setup.drop_table().await?;
+    }
+    setup.create_schema().await?;
+    let mut served = Vec::with_capacity(instances);
+    for _ in 0..instances {
+        let db = target.connect(pool_size, busy_timeout).await?;
+        let (app, metrics) = router(db.clone(), retry.clone());
+        // A real server on a real socket: what a client sees, keep-alive and all.
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        served.push(Instance {
+            db,
+            metrics,
+            base,
+            stop,
+            server,
+        });
+    }
 
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build_http();
-    let base = format!("http://{addr}");
     let next = Arc::new(AtomicUsize::new(0));
     let created = Arc::new(AtomicU64::new(0));
 
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(clients);
-    for _ in 0..clients.max(1) {
+    for c in 0..clients {
+        // Round-robin: client c talks to instance c mod N, as behind a load balancer that
+        // keeps each client's connection on one instance.
+        let instance = c % instances;
         let client = client.clone();
-        let base = base.clone();
+        let base = served[instance].base.clone();
         let next = next.clone();
         let created = created.clone();
         let progress = progress.clone();
@@ -181,12 +297,13 @@ pub(crate) async fn run(scenario: Scenario) -> Result<Report, BoxError> {
                     break;
                 }
                 let write = unit(mix(i as u64)) < write_ratio;
-                let sample = if write {
+                let mut sample = if write {
                     post_item(&client, &base, i).await
                 } else {
                     let after = mix(!(i as u64)) % (created.load(Ordering::Relaxed) + 1);
                     list_items(&client, &base, after).await
                 };
+                sample.instance = instance;
                 if sample.item.is_some() {
                     created.fetch_add(1, Ordering::Relaxed);
                 }
@@ -202,80 +319,133 @@ pub(crate) async fn run(scenario: Scenario) -> Result<Report, BoxError> {
     }
     let elapsed = started.elapsed();
 
-    // Close the client's connections, then let the server finish.
+    // Close the client's connections, then let the servers finish.
     drop(client);
-    let _ = stop.send(());
-    server.await??;
-
-    let layer = metrics.map(|m| {
-        let snap = m.snapshot();
-        LayerReport {
-            retries: snap.retries(),
-            attempts_histogram: snap.attempts_histogram(),
-            gave_up: snap.gave_up(),
-            stats: snap.to_json(),
-        }
-    });
-
-    let mut statuses = BTreeMap::new();
-    let (mut status_2xx, mut status_5xx, mut other, mut transport_errors) = (0, 0, 0, 0);
-    let mut latencies: Vec<Duration> = Vec::with_capacity(samples.len());
-    let mut acknowledged = Vec::new();
-    let mut writes = 0;
-    for s in samples.iter() {
-        latencies.push(s.latency);
-        writes += u64::from(s.write);
-        match s.status {
-            None => {
-                transport_errors += 1;
-                other += 1;
-            }
-            Some(code) => {
-                *statuses.entry(code.as_u16()).or_insert(0u64) += 1;
-                if s.bad_body {
-                    other += 1;
-                } else if code.is_success() {
-                    status_2xx += 1;
-                } else if code.is_server_error() {
-                    status_5xx += 1;
-                } else {
-                    other += 1;
-                }
-            }
-        }
-        if let Some(item) = &s.item {
-            acknowledged.push(item.clone());
-        }
+    let mut dbs = Vec::with_capacity(instances);
+    let mut per_instance_layers = Vec::with_capacity(instances);
+    for s in served {
+        let _ = s.stop.send(());
+        s.server.await??;
+        per_instance_layers.push(s.metrics.as_ref().map(LayerReport::of));
+        dbs.push(s.db);
     }
+    let layer = if retry_layer {
+        let parts: Vec<&LayerReport> = per_instance_layers.iter().flatten().collect();
+        Some(LayerReport::total(&parts))
+    } else {
+        None
+    };
 
-    let integrity = check_integrity(&pool, &acknowledged).await?;
-    pool.close().await;
+    let tally = Tally::of(samples.iter());
+    let acknowledged: Vec<Item> = samples.iter().filter_map(|s| s.item.clone()).collect();
+    let instance_reports = per_instance_layers
+        .into_iter()
+        .enumerate()
+        .map(|(i, layer)| {
+            let t = Tally::of(samples.iter().filter(|s| s.instance == i));
+            InstanceReport {
+                instance: i + 1,
+                clients: (0..clients).filter(|c| c % instances == i).count(),
+                requests: t.requests,
+                status_2xx: t.status_2xx,
+                status_5xx: t.status_5xx,
+                other: t.other,
+                latency_ms: t.latency,
+                layer,
+            }
+        })
+        .collect();
 
-    let n = samples.len() as u64;
+    let integrity = check_integrity(setup.clone(), &acknowledged).await?;
+    for db in &dbs {
+        db.close().await;
+    }
+    if let Target::Url { .. } = target {
+        setup.drop_table().await?;
+    }
+    setup.close().await;
+
+    let n = tally.requests;
     Ok(Report {
         label,
         retry_layer,
-        db: db_path.display().to_string(),
+        db: target.describe(),
         clients,
         requests: n,
-        writes,
-        reads: n - writes,
-        status_2xx,
-        status_5xx,
-        other,
-        transport_errors,
-        statuses,
+        writes: tally.writes,
+        reads: n - tally.writes,
+        status_2xx: tally.status_2xx,
+        status_5xx: tally.status_5xx,
+        other: tally.other,
+        transport_errors: tally.transport_errors,
+        statuses: tally.statuses,
         elapsed_s: elapsed.as_secs_f64(),
         throughput_rps: n as f64 / elapsed.as_secs_f64().max(1e-9),
-        latency_ms: latency(&mut latencies),
+        latency_ms: tally.latency,
         layer,
+        instances: instance_reports,
         integrity,
     })
+}
+
+/// The client-side counts over some samples.
+struct Tally {
+    requests: u64,
+    writes: u64,
+    status_2xx: u64,
+    status_5xx: u64,
+    other: u64,
+    transport_errors: u64,
+    statuses: BTreeMap<u16, u64>,
+    latency: Latency,
+}
+
+impl Tally {
+    fn of<'a>(samples: impl Iterator<Item = &'a Sample>) -> Self {
+        let mut t = Self {
+            requests: 0,
+            writes: 0,
+            status_2xx: 0,
+            status_5xx: 0,
+            other: 0,
+            transport_errors: 0,
+            statuses: BTreeMap::new(),
+            latency: Latency::default(),
+        };
+        let mut latencies = Vec::new();
+        for s in samples {
+            t.requests += 1;
+            latencies.push(s.latency);
+            t.writes += u64::from(s.write);
+            match s.status {
+                None => {
+                    t.transport_errors += 1;
+                    t.other += 1;
+                }
+                Some(code) => {
+                    *t.statuses.entry(code.as_u16()).or_insert(0) += 1;
+                    if s.bad_body {
+                        t.other += 1;
+                    } else if code.is_success() {
+                        t.status_2xx += 1;
+                    } else if code.is_server_error() {
+                        t.status_5xx += 1;
+                    } else {
+                        t.other += 1;
+                    }
+                }
+            }
+        }
+        t.latency = latency(&mut latencies);
+        t
+    }
 }
 
 /// One request, as the client saw it.
 #[derive(Debug)]
 struct Sample {
+    /// The instance (0-based) that answered.
+    instance: usize,
     write: bool,
     latency: Duration,
     /// `None`: no HTTP answer (connection error).
@@ -298,6 +468,7 @@ async fn post_item(client: &Client<HttpConnector, Full<Bytes>>, base: &str, i: u
         .expect("valid request");
     let (latency, answer) = send(client, req).await;
     let mut sample = Sample {
+        instance: 0,
         write: true,
         latency,
         status: answer.as_ref().map(|(s, _)| *s),
@@ -321,6 +492,7 @@ async fn list_items(client: &Client<HttpConnector, Full<Bytes>>, base: &str, aft
         .expect("valid request");
     let (latency, answer) = send(client, req).await;
     Sample {
+        instance: 0,
         write: false,
         latency,
         status: answer.map(|(s, _)| s),
@@ -347,16 +519,10 @@ async fn send(
 
 /// Compares the table with the items answered `201 Created`.
 pub(crate) async fn check_integrity(
-    pool: &SqlitePool,
+    db: impl Into<Db>,
     acknowledged: &[Item],
 ) -> Result<Integrity, BoxError> {
-    let rows: Vec<Item> =
-        sqlx::query_as::<_, (i64, i64, String)>("SELECT id, seq, name FROM items ORDER BY id")
-            .fetch_all(pool)
-            .await?
-            .into_iter()
-            .map(Item::from)
-            .collect();
+    let rows = db.into().all_items().await?;
 
     let by_id: HashMap<i64, &Item> = rows.iter().map(|r| (r.id, r)).collect();
     let acked_ids: HashSet<i64> = acknowledged.iter().map(|a| a.id).collect();

@@ -194,3 +194,90 @@ pub fn assert_no_db_detail(body: &str) {
         );
     }
 }
+
+/// The URL of a real database server from the environment variable `var`
+/// (`TSR_POSTGRES_URL`, `TSR_MYSQL_URL`), or `None` after printing that the test is skipped.
+pub fn server_url(var: &str, test: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ => {
+            eprintln!("{test}: skipped: set {var} to run");
+            None
+        }
+    }
+}
+
+/// A table name no other test, process or earlier run uses: `prefix`, the process id, a
+/// per-process counter and the clock.
+pub fn unique_table(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "{prefix}_{}_{}_{nanos}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// An event's fields by name.
+pub type EventFields = std::collections::BTreeMap<String, String>;
+
+/// The events of target `tower_sqlite_retry`, as (message, fields), for tests that check the
+/// tracing schema without a full subscriber. Install with
+/// `tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()))`.
+#[derive(Clone, Default)]
+pub struct EventCapture {
+    pub events: std::sync::Arc<std::sync::Mutex<Vec<(String, EventFields)>>>,
+}
+
+impl EventCapture {
+    /// The fields of every event with this message.
+    pub fn with_message(&self, message: &str) -> Vec<EventFields> {
+        self.events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(m, _)| m == message)
+            .map(|(_, f)| f.clone())
+            .collect()
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for EventCapture {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Visitor<'a>(&'a mut EventFields);
+        impl tracing::field::Visit for Visitor<'_> {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                self.0.insert(field.name().to_owned(), format!("{value:?}"));
+            }
+            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+                self.0.insert(field.name().to_owned(), value.to_owned());
+            }
+        }
+        if event.metadata().target() != "tower_sqlite_retry" {
+            return;
+        }
+        let mut fields = EventFields::new();
+        event.record(&mut Visitor(&mut fields));
+        let message = fields.remove("message").unwrap_or_default();
+        self.events.lock().unwrap().push((message, fields));
+    }
+}
+
+/// Whether a table named by [`unique_table`] was left behind by a test process that is gone
+/// (a failed run): its process id no longer exists on this machine. Tables of running
+/// processes, this one included, are never stale.
+pub fn is_stale_table(name: &str) -> bool {
+    let mut parts = name.rsplit('_');
+    let (Some(_nanos), Some(_counter), Some(pid)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    match pid.parse::<u32>() {
+        Ok(pid) => pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists(),
+        Err(_) => false,
+    }
+}

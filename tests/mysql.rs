@@ -1,0 +1,612 @@
+//! MySQL/MariaDB, against the real server named by `TSR_MYSQL_URL` (for example
+//! `mysql://root@127.0.0.1:3306/test`), over real HTTP on loopback: a request whose
+//! transaction is the victim of an InnoDB deadlock (`1213`, rows locked in opposite orders) or
+//! waits out `innodb_lock_wait_timeout` (`1205`) is replayed by the layer and succeeds; without
+//! the layer it fails with `503`. The classifier is fed real driver errors.
+//!
+//! Without `TSR_MYSQL_URL` every test prints that it is skipped and passes. Each test works on
+//! a table of its own (unique name, dropped at the end), so tests run in parallel and reruns on
+//! the same server do not collide. The recipes are driven by channels between the handler and
+//! the test, never by sleeps.
+#![cfg(feature = "mysql")]
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::State;
+use axum::response::IntoResponse;
+use axum::routing::post;
+use http::StatusCode;
+use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+use sqlx::{AssertSqlSafe, Connection, MySqlConnection};
+use tokio::sync::{mpsc, watch};
+use tower_sqlite_retry::{
+    Attempt, DbError, Jitter, RetryPolicy, Retryable, SqliteRetryLayer, classify,
+    is_constraint_violation,
+};
+use tracing_subscriber::layer::SubscriberExt;
+
+use common::{
+    EventCapture, HttpClient, assert_no_db_detail, is_stale_table, serve, server_url, unique_table,
+};
+
+const VAR: &str = "TSR_MYSQL_URL";
+
+fn fast_policy(attempts: u32) -> RetryPolicy {
+    RetryPolicy::default()
+        .max_attempts(attempts)
+        .base_delay(Duration::from_millis(1))
+        .max_delay(Duration::from_millis(5))
+        .jitter(Jitter::Full)
+}
+
+fn sql(text: String) -> AssertSqlSafe<String> {
+    AssertSqlSafe(text)
+}
+
+/// The server's pool and a table of this test's own: `id INT PRIMARY KEY, v BIGINT` with rows
+/// `1..=rows` at `v = 0`. `None` (skipped) without `TSR_MYSQL_URL`.
+struct Fixture {
+    url: String,
+    pool: MySqlPool,
+    table: String,
+}
+
+impl Fixture {
+    async fn new(test: &str, prefix: &str, rows: u32) -> Option<Self> {
+        let url = server_url(VAR, test)?;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{VAR}={url}: {e}"));
+        sweep_stale_tables(&pool).await;
+        let table = unique_table(prefix);
+        sqlx::query(sql(format!("DROP TABLE IF EXISTS {table}")))
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query(sql(format!(
+            "CREATE TABLE {table} (id INT PRIMARY KEY, v BIGINT NOT NULL) ENGINE = InnoDB"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+        if rows > 0 {
+            let values: Vec<String> = (1..=rows).map(|i| format!("({i}, 0)")).collect();
+            sqlx::query(sql(format!(
+                "INSERT INTO {table} (id, v) VALUES {}",
+                values.join(", ")
+            )))
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        Some(Self { url, pool, table })
+    }
+
+    /// A connection of its own, outside the pool the app uses: the "other client".
+    async fn connection(&self) -> MySqlConnection {
+        MySqlConnection::connect(&self.url).await.unwrap()
+    }
+
+    async fn values(&self) -> Vec<(i32, i64)> {
+        sqlx::query_as(sql(format!(
+            "SELECT id, v FROM {} WHERE id <= 2 ORDER BY id",
+            self.table
+        )))
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+    }
+
+    async fn drop_table(self) {
+        sqlx::query(sql(format!("DROP TABLE IF EXISTS {}", self.table)))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+        self.pool.close().await;
+    }
+}
+
+/// Drops the tables that failed runs of these tests left behind (see `is_stale_table`).
+async fn sweep_stale_tables(pool: &MySqlPool) {
+    let names: Vec<String> = sqlx::query_scalar(
+        "SELECT CAST(TABLE_NAME AS CHAR) FROM information_schema.TABLES \
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 'tsr\\_my\\_%'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    for name in names.into_iter().filter(|n| is_stale_table(n)) {
+        // Best effort: a table still locked by a dead session's transaction waits for later.
+        let _ = sqlx::query(sql(format!("DROP TABLE IF EXISTS {name}")))
+            .execute(pool)
+            .await;
+    }
+}
+
+/// What each attempt of a handler met: its number and the retryable code, if any.
+type Calls = Arc<Mutex<Vec<(u32, Option<String>)>>>;
+
+fn record(calls: &Calls, attempt: &Attempt, result: &Result<impl Sized, sqlx::Error>) {
+    let code = result
+        .as_ref()
+        .err()
+        .map(|e| classify(e).map_or_else(|| format!("other: {e}"), |r| r.code().to_owned()));
+    calls.lock().unwrap().push((attempt.number(), code));
+}
+
+/// Runs a statement on the text protocol (`BEGIN`, `COMMIT`, `SET`: outside sqlx's own
+/// transaction bookkeeping, so the connection can move into a task mid-transaction).
+async fn exec(conn: &mut MySqlConnection, statement: String) {
+    sqlx::raw_sql(sql(statement.clone()))
+        .execute(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{statement}: {e}"));
+}
+
+/// Polls the server until connection `id` is executing its `UPDATE` of row 1, which cannot
+/// finish while the handler's transaction holds that row: a condition, not a guess at timing.
+/// (Whether it has queued for the lock yet or is a moment away from it does not matter:
+/// whichever request closes the cycle, InnoDB rolls back the lighter transaction, the
+/// handler's. `PROCESSLIST` is live; `information_schema.INNODB_TRX` is not: MariaDB refreshes
+/// it only when it has not been read for 100 ms, so tests polling it in parallel would never
+/// see it change.)
+async fn wait_until_blocked(pool: &MySqlPool, id: u64) {
+    let start = Instant::now();
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+             WHERE ID = ? AND COMMAND <> 'Sleep' AND INFO LIKE 'UPDATE%'",
+        )
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "connection {id} never waited for the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1213: two transactions lock the same two rows in opposite orders.
+
+#[derive(Clone)]
+struct DeadlockState {
+    pool: MySqlPool,
+    table: String,
+    calls: Calls,
+    ready: mpsc::UnboundedSender<()>,
+    go: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<()>>>,
+}
+
+/// Updates row 1, then row 2, in one transaction. Attempt 1 pauses after locking row 1 until
+/// the other client waits for it; its update of row 2 then closes the cycle, and InnoDB rolls
+/// back the lighter transaction, this one (the other client has changed many more rows), with
+/// `1213`.
+async fn transfer(
+    State(s): State<DeadlockState>,
+    attempt: Attempt,
+) -> Result<impl IntoResponse, DbError> {
+    let t = &s.table;
+    let result = async {
+        let mut tx = s.pool.begin().await?;
+        sqlx::query(sql(format!("UPDATE {t} SET v = v + 1 WHERE id = 1")))
+            .execute(&mut *tx)
+            .await?;
+        if attempt.number() == 1 {
+            s.ready.send(()).unwrap();
+            s.go.lock().await.recv().await.unwrap();
+        }
+        sqlx::query(sql(format!("UPDATE {t} SET v = v + 1 WHERE id = 2")))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await
+    }
+    .await;
+    record(&s.calls, &attempt, &result);
+    result?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The other client: changes rows 3.. (so it weighs more and is never the victim), locks
+/// row 2, then asks for row 1 (held by the handler) and waits. Returns the task that finishes
+/// that update (once the handler's transaction is rolled back) and hands the connection back,
+/// inside its open transaction.
+async fn lock_in_opposite_order(fx: &Fixture) -> tokio::task::JoinHandle<MySqlConnection> {
+    let mut conn = fx.connection().await;
+    let t = fx.table.clone();
+    exec(&mut conn, "BEGIN".into()).await;
+    exec(
+        &mut conn,
+        format!("UPDATE {t} SET v = v + 10 WHERE id >= 3"),
+    )
+    .await;
+    exec(&mut conn, format!("UPDATE {t} SET v = v + 10 WHERE id = 2")).await;
+    let id: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let blocked = tokio::spawn(async move {
+        exec(&mut conn, format!("UPDATE {t} SET v = v + 10 WHERE id = 1")).await;
+        conn
+    });
+    wait_until_blocked(&fx.pool, id).await;
+    blocked
+}
+
+async fn deadlock_setup(
+    test: &str,
+) -> Option<(
+    Fixture,
+    DeadlockState,
+    mpsc::UnboundedReceiver<()>,
+    mpsc::UnboundedSender<()>,
+)> {
+    let fx = Fixture::new(test, "tsr_my_deadlock", 20).await?;
+    let (ready, ready_rx) = mpsc::unbounded_channel();
+    let (go_tx, go) = mpsc::unbounded_channel();
+    let state = DeadlockState {
+        pool: fx.pool.clone(),
+        table: fx.table.clone(),
+        calls: Calls::default(),
+        ready,
+        go: Arc::new(tokio::sync::Mutex::new(go)),
+    };
+    Some((fx, state, ready_rx, go_tx))
+}
+
+#[tokio::test]
+async fn deadlock_victim_is_replayed_and_succeeds() {
+    let Some((fx, state, mut ready, go)) =
+        deadlock_setup("deadlock_victim_is_replayed_and_succeeds").await
+    else {
+        return;
+    };
+    let capture = EventCapture::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()));
+    let app = Router::new()
+        .route("/transfer", post(transfer))
+        .layer(SqliteRetryLayer::new(fast_policy(5)))
+        .with_state(state.clone());
+    let server = serve(app).await;
+    let client = HttpClient::new(server.addr);
+    let request = tokio::spawn(async move { client.post("/transfer", "").await });
+
+    ready.recv().await.unwrap();
+    let other = lock_in_opposite_order(&fx).await;
+    go.send(()).unwrap();
+    // The handler's attempt 1 is rolled back; the other client gets row 1 and commits.
+    let mut other = other.await.unwrap();
+    exec(&mut other, "COMMIT".into()).await;
+
+    let reply = request.await.unwrap();
+    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.text());
+    assert_eq!(
+        state.calls.lock().unwrap().clone(),
+        vec![(1, Some("1213".to_string())), (2, None)]
+    );
+    // The other client's +10 on both rows, and the handler's +1 once.
+    assert_eq!(fx.values().await, vec![(1, 11), (2, 11)]);
+    let retries = capture.with_message("retrying request");
+    assert_eq!(retries.len(), 1, "{:?}", capture.events.lock().unwrap());
+    assert_eq!(retries[0]["db.response.status_code"], "1213");
+    assert_eq!(retries[0]["error.type"], "ER_LOCK_DEADLOCK");
+    fx.drop_table().await;
+}
+
+#[tokio::test]
+async fn deadlock_without_the_layer_fails_with_503() {
+    let Some((fx, state, mut ready, go)) =
+        deadlock_setup("deadlock_without_the_layer_fails_with_503").await
+    else {
+        return;
+    };
+    let app = Router::new()
+        .route("/transfer", post(transfer))
+        .with_state(state.clone());
+    let server = serve(app).await;
+    let client = HttpClient::new(server.addr);
+    let request = tokio::spawn(async move { client.post("/transfer", "").await });
+
+    ready.recv().await.unwrap();
+    let other = lock_in_opposite_order(&fx).await;
+    go.send(()).unwrap();
+    let mut other = other.await.unwrap();
+    exec(&mut other, "COMMIT".into()).await;
+
+    let reply = request.await.unwrap();
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.headers["retry-after"], "1");
+    assert_no_db_detail(&reply.text());
+    assert_eq!(
+        state.calls.lock().unwrap().clone(),
+        vec![(1, Some("1213".to_string()))]
+    );
+    assert_eq!(fx.values().await, vec![(1, 10), (2, 10)]);
+    fx.drop_table().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1205: a lock wait that outlasts innodb_lock_wait_timeout (set to its minimum, 1 s).
+
+#[derive(Clone)]
+struct TimeoutState {
+    pool: MySqlPool,
+    table: String,
+    calls: Calls,
+    failed: mpsc::UnboundedSender<u32>,
+    released: watch::Receiver<bool>,
+}
+
+/// Updates row 1 with a 1 s lock wait timeout. Attempts after the first wait until the test
+/// has released its lock, so the scenario does not depend on timing.
+async fn bump(State(s): State<TimeoutState>, attempt: Attempt) -> Result<StatusCode, DbError> {
+    if attempt.is_replay() {
+        s.released.clone().wait_for(|r| *r).await.unwrap();
+    }
+    let result = async {
+        let mut tx = s.pool.begin().await?;
+        sqlx::query("SET SESSION innodb_lock_wait_timeout = 1")
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(sql(format!(
+            "UPDATE {} SET v = v + 1 WHERE id = 1",
+            s.table
+        )))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await
+    }
+    .await;
+    record(&s.calls, &attempt, &result);
+    if let Err(e) = result {
+        let _ = s.failed.send(attempt.number());
+        return Err(e.into());
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[tokio::test]
+async fn lock_wait_timeout_is_replayed_and_succeeds() {
+    let Some(fx) = Fixture::new(
+        "lock_wait_timeout_is_replayed_and_succeeds",
+        "tsr_my_timeout",
+        1,
+    )
+    .await
+    else {
+        return;
+    };
+    let (failed, mut failed_rx) = mpsc::unbounded_channel();
+    let (release, released) = watch::channel(false);
+    let state = TimeoutState {
+        pool: fx.pool.clone(),
+        table: fx.table.clone(),
+        calls: Calls::default(),
+        failed,
+        released,
+    };
+    let app = Router::new()
+        .route("/bump", post(bump))
+        .layer(SqliteRetryLayer::new(fast_policy(5)))
+        .with_state(state.clone());
+    let server = serve(app).await;
+
+    let mut holder = fx.connection().await;
+    exec(&mut holder, "BEGIN".into()).await;
+    exec(
+        &mut holder,
+        format!("UPDATE {} SET v = v + 10 WHERE id = 1", fx.table),
+    )
+    .await;
+
+    let client = HttpClient::new(server.addr);
+    let request = tokio::spawn(async move { client.post("/bump", "").await });
+    assert_eq!(failed_rx.recv().await, Some(1), "attempt 1 must time out");
+    exec(&mut holder, "COMMIT".into()).await;
+    release.send(true).unwrap();
+
+    let reply = request.await.unwrap();
+    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.text());
+    assert_eq!(
+        state.calls.lock().unwrap().clone(),
+        vec![(1, Some("1205".to_string())), (2, None)]
+    );
+    assert_eq!(fx.values().await, vec![(1, 11)]);
+    fx.drop_table().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// What is not replayed: duplicate keys (409).
+
+#[tokio::test]
+async fn duplicate_entry_is_409_and_never_replayed() {
+    let Some(fx) = Fixture::new(
+        "duplicate_entry_is_409_and_never_replayed",
+        "tsr_my_unique",
+        0,
+    )
+    .await
+    else {
+        return;
+    };
+    #[derive(Clone)]
+    struct S {
+        pool: MySqlPool,
+        table: String,
+        calls: Calls,
+    }
+    async fn insert(State(s): State<S>, attempt: Attempt) -> Result<StatusCode, DbError> {
+        let result = sqlx::query(sql(format!(
+            "INSERT INTO {} (id, v) VALUES (1, 0)",
+            s.table
+        )))
+        .execute(&s.pool)
+        .await;
+        record(&s.calls, &attempt, &result);
+        result?;
+        Ok(StatusCode::CREATED)
+    }
+    let state = S {
+        pool: fx.pool.clone(),
+        table: fx.table.clone(),
+        calls: Calls::default(),
+    };
+    let app = Router::new()
+        .route("/items", post(insert))
+        .layer(SqliteRetryLayer::new(fast_policy(5)))
+        .with_state(state.clone());
+    let server = serve(app).await;
+    let client = HttpClient::new(server.addr);
+
+    assert_eq!(client.post("/items", "").await.status, StatusCode::CREATED);
+    let reply = client.post("/items", "").await;
+    assert_eq!(reply.status, StatusCode::CONFLICT);
+    assert_no_db_detail(&reply.text());
+    let calls = state.calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 2, "one call per request: {calls:?}");
+    assert!(calls[1].1.as_deref().unwrap().starts_with("other: "));
+    fx.drop_table().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The classifier and DbError, fed errors raised by the real server and decoded by the driver.
+
+async fn signal(pool: &MySqlPool, sqlstate: &str, number: u16) -> sqlx::Error {
+    sqlx::raw_sql(sql(format!(
+        "SIGNAL SQLSTATE '{sqlstate}' SET MYSQL_ERRNO = {number}, \
+         MESSAGE_TEXT = 'raised by the test'"
+    )))
+    .execute(pool)
+    .await
+    .unwrap_err()
+}
+
+#[tokio::test]
+async fn classifier_and_db_error_on_real_driver_errors() {
+    let Some(fx) = Fixture::new(
+        "classifier_and_db_error_on_real_driver_errors",
+        "tsr_my_classify",
+        1,
+    )
+    .await
+    else {
+        return;
+    };
+    // The number decides, not the SQLSTATE (40001 for a deadlock, HY000 for a timeout).
+    for (sqlstate, number, name) in [
+        ("40001", 1213, "ER_LOCK_DEADLOCK"),
+        ("HY000", 1205, "ER_LOCK_WAIT_TIMEOUT"),
+    ] {
+        let err = signal(&fx.pool, sqlstate, number).await;
+        let marker = classify(&err).unwrap_or_else(|| panic!("{number}: {err}"));
+        assert_eq!(
+            (marker.code(), marker.name()),
+            (number.to_string().as_str(), name)
+        );
+        let res = DbError::from(err).into_response();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE, "{number}");
+        assert_eq!(res.headers()["retry-after"], "1");
+        assert!(res.extensions().get::<Retryable>().is_some());
+    }
+    for (sqlstate, number) in [
+        ("40001", 1180),
+        ("HY000", 3572),
+        ("HY000", 1020),
+        ("HY000", 1105),
+        ("70100", 1317),
+    ] {
+        let err = signal(&fx.pool, sqlstate, number).await;
+        assert!(classify(&err).is_none(), "{number}");
+        assert!(!is_constraint_violation(&err), "{number}");
+        let status = DbError::from(err).status();
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{number}");
+    }
+    // Constraint violations, the real things: duplicate key (1062), NOT NULL (1048), CHECK
+    // (MariaDB 4025 / MySQL 3819).
+    let t = &fx.table;
+    sqlx::query(sql(format!(
+        "ALTER TABLE {t} ADD CONSTRAINT {t}_v_nonneg CHECK (v >= 0)"
+    )))
+    .execute(&fx.pool)
+    .await
+    .unwrap();
+    for statement in [
+        format!("INSERT INTO {t} (id, v) VALUES (1, 0)"),
+        format!("INSERT INTO {t} (id, v) VALUES (2, NULL)"),
+        format!("INSERT INTO {t} (id, v) VALUES (3, -1)"),
+    ] {
+        let err = sqlx::query(sql(statement.clone()))
+            .execute(&fx.pool)
+            .await
+            .unwrap_err();
+        assert!(classify(&err).is_none(), "{statement}");
+        assert!(is_constraint_violation(&err), "{statement}: {err}");
+        assert_eq!(DbError::from(err).status(), StatusCode::CONFLICT);
+    }
+    // SQLSTATE 23000 that is not a constraint violation: an ambiguous column (1052).
+    let err = sqlx::query(sql(format!("SELECT id FROM {t} a JOIN {t} b")))
+        .execute(&fx.pool)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.as_database_error().and_then(|d| d.code()).as_deref(),
+        Some("23000")
+    );
+    assert!(!is_constraint_violation(&err));
+    assert_eq!(
+        DbError::from(err).status(),
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    fx.drop_table().await;
+}
+
+/// MariaDB reports `NOWAIT` as `1205`, like a lock wait timeout: the server does not tell them
+/// apart, so neither can the classifier (MySQL 8 has `3572` ER_LOCK_NOWAIT, not retryable).
+#[tokio::test]
+async fn nowait_on_mariadb_reports_1205() {
+    let Some(fx) = Fixture::new("nowait_on_mariadb_reports_1205", "tsr_my_nowait", 1).await else {
+        return;
+    };
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(&fx.pool)
+        .await
+        .unwrap();
+    let mut holder = fx.connection().await;
+    exec(&mut holder, "BEGIN".into()).await;
+    exec(
+        &mut holder,
+        format!("SELECT v FROM {} WHERE id = 1 FOR UPDATE", fx.table),
+    )
+    .await;
+    let mut tx = fx.pool.begin().await.unwrap();
+    let err = sqlx::query(sql(format!(
+        "SELECT v FROM {} WHERE id = 1 FOR UPDATE NOWAIT",
+        fx.table
+    )))
+    .execute(&mut *tx)
+    .await
+    .unwrap_err();
+    tx.rollback().await.unwrap();
+    exec(&mut holder, "ROLLBACK".into()).await;
+    let marker = classify(&err);
+    if version.contains("MariaDB") {
+        assert_eq!(marker.map(|m| m.code().to_owned()).as_deref(), Some("1205"));
+    } else {
+        assert!(marker.is_none(), "{err}");
+    }
+    fx.drop_table().await;
+}
