@@ -165,6 +165,16 @@ pub fn classify(error: &sqlx::Error) -> Option<Retryable> {
 }
 
 /// Dispatches on the backend that produced the error; each arm exists only with its feature.
+/// The code the tracing schema reports for a database error (`db.response.status_code`):
+/// SQLite's extended result code, PostgreSQL's SQLSTATE, MySQL's error number.
+pub(crate) fn database_code(db: &dyn sqlx::error::DatabaseError) -> String {
+    #[cfg(feature = "mysql")]
+    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+        return my.number().to_string();
+    }
+    db.code().map(|c| c.into_owned()).unwrap_or_default()
+}
+
 fn classify_database(db: &dyn sqlx::error::DatabaseError) -> Option<Retryable> {
     #[cfg(feature = "sqlite")]
     if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {

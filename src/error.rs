@@ -5,7 +5,7 @@ use std::fmt;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 
-use crate::classify::{Retryable, classify, is_constraint_violation};
+use crate::classify::{Retryable, classify, database_code, is_constraint_violation};
 
 /// A handler error for database-backed axum services.
 ///
@@ -147,10 +147,9 @@ impl IntoResponse for DbError {
     fn into_response(self) -> Response {
         let status = self.status();
         let (code, message) = match self.source.downcast_ref::<sqlx::Error>() {
-            Some(sqlx::Error::Database(db)) => (
-                db.code().map(|c| c.into_owned()).unwrap_or_default(),
-                db.message().to_owned(),
-            ),
+            Some(sqlx::Error::Database(db)) => {
+                (database_code(db.as_ref()), db.message().to_owned())
+            }
             _ => (String::new(), self.source.to_string()),
         };
         match &self.kind {
