@@ -21,7 +21,7 @@
 //!   transaction reads `MAX(seq) + 1`, then inserts: the read-then-write shape that SQLite
 //!   refuses with `SQLITE_BUSY_SNAPSHOT` under concurrent writers (deferred transaction),
 //!   PostgreSQL with `40001` (`SERIALIZABLE`) and MySQL/MariaDB with `1213` (`SERIALIZABLE`).
-//!   Up to 16 attempts.
+//!   Up to 32 attempts.
 //! - `GET /items?limit=&after=`: a page of items with `id > after` (default limit 50, at most
 //!   500) and `next`, the `after` of the next page. Up to 4 attempts, like every other route.
 //! - `GET /items/{id}`: the item, or `404`.
@@ -147,7 +147,7 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     };
     let policies = RetryPolicies {
         // The write route: read-then-write transactions, contended; a larger cap.
-        write: RetryPolicy::default().max_attempts(16),
+        write: RetryPolicy::default().max_attempts(32),
         // Reads (router-wide): in WAL mode they rarely meet a busy database.
         read: RetryPolicy::default().max_attempts(4),
     };

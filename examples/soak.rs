@@ -102,7 +102,7 @@ async fn main() -> ExitCode {
         .expect("open the database");
     let db = Db::from(&pool);
     let policies = RetryPolicies {
-        write: RetryPolicy::default().max_attempts(16),
+        write: RetryPolicy::default().max_attempts(32),
         read: RetryPolicy::default().max_attempts(4),
     };
     let (app, metrics) = router(db.clone(), Some(policies));
