@@ -41,6 +41,8 @@
 #[allow(dead_code)]
 #[path = "common/app_lib.rs"]
 mod app_lib;
+#[path = "common/cli.rs"]
+mod cli;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -48,7 +50,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use tower_sqlite_retry::RetryPolicy;
-use tracing_subscriber::EnvFilter;
 
 use app_lib::{DEFAULT_TABLE, Db, RetryPolicies, open_pool, redact, router};
 
@@ -100,20 +101,13 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, Stri
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(Some(args)) => args,
-        Ok(None) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("app: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
+    let args = match cli::args_or_exit("app", USAGE, parse_args(std::env::args().skip(1))) {
+        Ok(args) => args,
+        Err(code) => return code,
     };
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,tower_sqlite_retry=warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(cli::env_filter("info,tower_sqlite_retry=warn"))
+        .init();
 
     match serve(args).await {
         Ok(()) => ExitCode::SUCCESS,

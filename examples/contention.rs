@@ -56,6 +56,8 @@
 
 #[path = "common/app_lib.rs"]
 mod app_lib;
+#[path = "common/cli.rs"]
+mod cli;
 #[path = "common/driver.rs"]
 mod driver;
 
@@ -65,7 +67,6 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use tower_sqlite_retry::RetryPolicy;
-use tracing_subscriber::EnvFilter;
 
 use app_lib::{Backend, RetryPolicies, redact};
 use driver::{BoxError, Report, Scenario, Target};
@@ -188,21 +189,12 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, Stri
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(Some(args)) => args,
-        Ok(None) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("contention: {e}\n{USAGE}");
-            return ExitCode::from(2);
-        }
+    let args = match cli::args_or_exit("contention", USAGE, parse_args(std::env::args().skip(1))) {
+        Ok(args) => args,
+        Err(code) => return code,
     };
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("error,tower_sqlite_retry=off"));
     tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(cli::env_filter("error,tower_sqlite_retry=off"))
         .with_writer(std::io::stderr)
         .init();
 

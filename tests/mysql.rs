@@ -12,88 +12,56 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
 use axum::Router;
 use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::post;
 use http::StatusCode;
-use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
-use sqlx::{AssertSqlSafe, Connection, MySqlConnection};
+use sqlx::MySqlConnection;
+use sqlx::mysql::{MySql, MySqlPool};
 use tokio::sync::{mpsc, watch};
 use tower_sqlite_retry::{
-    Attempt, DbError, Jitter, RetryPolicy, Retryable, SqliteRetryLayer, classify,
-    is_constraint_violation,
+    Attempt, DbError, Retryable, SqliteRetryLayer, classify, is_constraint_violation,
 };
-use tracing_subscriber::layer::SubscriberExt;
 
 use common::{
-    EventCapture, HttpClient, assert_no_db_detail, is_stale_table, serve, server_url, unique_table,
+    Calls, DbFixture, HttpClient, PausedState, TableState, assert_conflict_never_replayed,
+    assert_one_retry, assert_service_unavailable, capture_events, fast_policy, poll_until,
+    post_in_background, record, serve, sql,
 };
 
 const VAR: &str = "TSR_MYSQL_URL";
 
-fn fast_policy(attempts: u32) -> RetryPolicy {
-    RetryPolicy::default()
-        .max_attempts(attempts)
-        .base_delay(Duration::from_millis(1))
-        .max_delay(Duration::from_millis(5))
-        .jitter(Jitter::Full)
-}
-
-fn sql(text: String) -> AssertSqlSafe<String> {
-    AssertSqlSafe(text)
-}
+type Fixture = DbFixture<MySql>;
 
 /// The server's pool and a table of this test's own: `id INT PRIMARY KEY, v BIGINT` with rows
 /// `1..=rows` at `v = 0`. `None` (skipped) without `TSR_MYSQL_URL`.
-struct Fixture {
-    url: String,
-    pool: MySqlPool,
-    table: String,
+async fn fixture(test: &str, prefix: &str, rows: u32) -> Option<Fixture> {
+    Fixture::new(
+        VAR,
+        test,
+        prefix,
+        "SELECT CAST(TABLE_NAME AS CHAR) FROM information_schema.TABLES \
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 'tsr\\_my\\_%'",
+        |name| format!("DROP TABLE IF EXISTS {name}"),
+        |table| {
+            let mut statements = vec![format!(
+                "CREATE TABLE {table} (id INT PRIMARY KEY, v BIGINT NOT NULL) ENGINE = InnoDB"
+            )];
+            if rows > 0 {
+                let values: Vec<String> = (1..=rows).map(|i| format!("({i}, 0)")).collect();
+                statements.push(format!(
+                    "INSERT INTO {table} (id, v) VALUES {}",
+                    values.join(", ")
+                ));
+            }
+            statements
+        },
+    )
+    .await
 }
 
 impl Fixture {
-    async fn new(test: &str, prefix: &str, rows: u32) -> Option<Self> {
-        let url = server_url(VAR, test)?;
-        let pool = MySqlPoolOptions::new()
-            .max_connections(4)
-            .acquire_timeout(Duration::from_secs(30))
-            .connect(&url)
-            .await
-            .unwrap_or_else(|e| panic!("{VAR}={url}: {e}"));
-        sweep_stale_tables(&pool).await;
-        let table = unique_table(prefix);
-        sqlx::query(sql(format!("DROP TABLE IF EXISTS {table}")))
-            .execute(&pool)
-            .await
-            .unwrap();
-        sqlx::query(sql(format!(
-            "CREATE TABLE {table} (id INT PRIMARY KEY, v BIGINT NOT NULL) ENGINE = InnoDB"
-        )))
-        .execute(&pool)
-        .await
-        .unwrap();
-        if rows > 0 {
-            let values: Vec<String> = (1..=rows).map(|i| format!("({i}, 0)")).collect();
-            sqlx::query(sql(format!(
-                "INSERT INTO {table} (id, v) VALUES {}",
-                values.join(", ")
-            )))
-            .execute(&pool)
-            .await
-            .unwrap();
-        }
-        Some(Self { url, pool, table })
-    }
-
-    /// A connection of its own, outside the pool the app uses: the "other client".
-    async fn connection(&self) -> MySqlConnection {
-        MySqlConnection::connect(&self.url).await.unwrap()
-    }
-
     async fn values(&self) -> Vec<(i32, i64)> {
         sqlx::query_as(sql(format!(
             "SELECT id, v FROM {} WHERE id <= 2 ORDER BY id",
@@ -103,42 +71,6 @@ impl Fixture {
         .await
         .unwrap()
     }
-
-    async fn drop_table(self) {
-        sqlx::query(sql(format!("DROP TABLE IF EXISTS {}", self.table)))
-            .execute(&self.pool)
-            .await
-            .unwrap();
-        self.pool.close().await;
-    }
-}
-
-/// Drops the tables that failed runs of these tests left behind (see `is_stale_table`).
-async fn sweep_stale_tables(pool: &MySqlPool) {
-    let names: Vec<String> = sqlx::query_scalar(
-        "SELECT CAST(TABLE_NAME AS CHAR) FROM information_schema.TABLES \
-         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE 'tsr\\_my\\_%'",
-    )
-    .fetch_all(pool)
-    .await
-    .unwrap();
-    for name in names.into_iter().filter(|n| is_stale_table(n)) {
-        // Best effort: a table still locked by a dead session's transaction waits for later.
-        let _ = sqlx::query(sql(format!("DROP TABLE IF EXISTS {name}")))
-            .execute(pool)
-            .await;
-    }
-}
-
-/// What each attempt of a handler met: its number and the retryable code, if any.
-type Calls = Arc<Mutex<Vec<(u32, Option<String>)>>>;
-
-fn record(calls: &Calls, attempt: &Attempt, result: &Result<impl Sized, sqlx::Error>) {
-    let code = result
-        .as_ref()
-        .err()
-        .map(|e| classify(e).map_or_else(|| format!("other: {e}"), |r| r.code().to_owned()));
-    calls.lock().unwrap().push((attempt.number(), code));
 }
 
 /// Runs a statement on the text protocol (`BEGIN`, `COMMIT`, `SET`: outside sqlx's own
@@ -158,45 +90,32 @@ async fn exec(conn: &mut MySqlConnection, statement: String) {
 /// it only when it has not been read for 100 ms, so tests polling it in parallel would never
 /// see it change.)
 async fn wait_until_blocked(pool: &MySqlPool, id: u64) {
-    let start = Instant::now();
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
-             WHERE ID = ? AND COMMAND <> 'Sleep' AND INFO LIKE 'UPDATE%'",
-        )
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap();
-        if waiting > 0 {
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "connection {id} never waited for the lock"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    poll_until(
+        format!("connection {id} never waited for the lock"),
+        async || {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+                 WHERE ID = ? AND COMMAND <> 'Sleep' AND INFO LIKE 'UPDATE%'",
+            )
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            waiting > 0
+        },
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------------
 // 1213: two transactions lock the same two rows in opposite orders.
-
-#[derive(Clone)]
-struct DeadlockState {
-    pool: MySqlPool,
-    table: String,
-    calls: Calls,
-    ready: mpsc::UnboundedSender<()>,
-    go: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<()>>>,
-}
 
 /// Updates row 1, then row 2, in one transaction. Attempt 1 pauses after locking row 1 until
 /// the other client waits for it; its update of row 2 then closes the cycle, and InnoDB rolls
 /// back the lighter transaction, this one (the other client has changed many more rows), with
 /// `1213`.
 async fn transfer(
-    State(s): State<DeadlockState>,
+    State(s): State<PausedState<MySqlPool>>,
     attempt: Attempt,
 ) -> Result<impl IntoResponse, DbError> {
     let t = &s.table;
@@ -206,8 +125,7 @@ async fn transfer(
             .execute(&mut *tx)
             .await?;
         if attempt.number() == 1 {
-            s.ready.send(()).unwrap();
-            s.go.lock().await.recv().await.unwrap();
+            s.pause.here().await;
         }
         sqlx::query(sql(format!("UPDATE {t} SET v = v + 1 WHERE id = 2")))
             .execute(&mut *tx)
@@ -246,44 +164,24 @@ async fn lock_in_opposite_order(fx: &Fixture) -> tokio::task::JoinHandle<MySqlCo
     blocked
 }
 
-async fn deadlock_setup(
-    test: &str,
-) -> Option<(
-    Fixture,
-    DeadlockState,
-    mpsc::UnboundedReceiver<()>,
-    mpsc::UnboundedSender<()>,
-)> {
-    let fx = Fixture::new(test, "tsr_my_deadlock", 20).await?;
-    let (ready, ready_rx) = mpsc::unbounded_channel();
-    let (go_tx, go) = mpsc::unbounded_channel();
-    let state = DeadlockState {
-        pool: fx.pool.clone(),
-        table: fx.table.clone(),
-        calls: Calls::default(),
-        ready,
-        go: Arc::new(tokio::sync::Mutex::new(go)),
-    };
-    Some((fx, state, ready_rx, go_tx))
-}
-
 #[tokio::test]
 async fn deadlock_victim_is_replayed_and_succeeds() {
-    let Some((fx, state, mut ready, go)) =
-        deadlock_setup("deadlock_victim_is_replayed_and_succeeds").await
+    let Some(fx) = fixture(
+        "deadlock_victim_is_replayed_and_succeeds",
+        "tsr_my_deadlock",
+        20,
+    )
+    .await
     else {
         return;
     };
-    let capture = EventCapture::default();
-    let _guard =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()));
+    let (state, mut ready, go) = fx.paused_state();
+    let (capture, _guard) = capture_events();
     let app = Router::new()
         .route("/transfer", post(transfer))
         .layer(SqliteRetryLayer::new(fast_policy(5)))
         .with_state(state.clone());
-    let server = serve(app).await;
-    let client = HttpClient::new(server.addr);
-    let request = tokio::spawn(async move { client.post("/transfer", "").await });
+    let (_server, request) = post_in_background(app, "/transfer").await;
 
     ready.recv().await.unwrap();
     let other = lock_in_opposite_order(&fx).await;
@@ -300,26 +198,26 @@ async fn deadlock_victim_is_replayed_and_succeeds() {
     );
     // The other client's +10 on both rows, and the handler's +1 once.
     assert_eq!(fx.values().await, vec![(1, 11), (2, 11)]);
-    let retries = capture.with_message("retrying request");
-    assert_eq!(retries.len(), 1, "{:?}", capture.events.lock().unwrap());
-    assert_eq!(retries[0]["db.response.status_code"], "1213");
-    assert_eq!(retries[0]["error.type"], "ER_LOCK_DEADLOCK");
+    assert_one_retry(&capture, "1213", "ER_LOCK_DEADLOCK");
     fx.drop_table().await;
 }
 
 #[tokio::test]
 async fn deadlock_without_the_layer_fails_with_503() {
-    let Some((fx, state, mut ready, go)) =
-        deadlock_setup("deadlock_without_the_layer_fails_with_503").await
+    let Some(fx) = fixture(
+        "deadlock_without_the_layer_fails_with_503",
+        "tsr_my_deadlock",
+        20,
+    )
+    .await
     else {
         return;
     };
+    let (state, mut ready, go) = fx.paused_state();
     let app = Router::new()
         .route("/transfer", post(transfer))
         .with_state(state.clone());
-    let server = serve(app).await;
-    let client = HttpClient::new(server.addr);
-    let request = tokio::spawn(async move { client.post("/transfer", "").await });
+    let (_server, request) = post_in_background(app, "/transfer").await;
 
     ready.recv().await.unwrap();
     let other = lock_in_opposite_order(&fx).await;
@@ -328,9 +226,7 @@ async fn deadlock_without_the_layer_fails_with_503() {
     exec(&mut other, "COMMIT".into()).await;
 
     let reply = request.await.unwrap();
-    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(reply.headers["retry-after"], "1");
-    assert_no_db_detail(&reply.text());
+    assert_service_unavailable(&reply);
     assert_eq!(
         state.calls.lock().unwrap().clone(),
         vec![(1, Some("1213".to_string()))]
@@ -381,7 +277,7 @@ async fn bump(State(s): State<TimeoutState>, attempt: Attempt) -> Result<StatusC
 
 #[tokio::test]
 async fn lock_wait_timeout_is_replayed_and_succeeds() {
-    let Some(fx) = Fixture::new(
+    let Some(fx) = fixture(
         "lock_wait_timeout_is_replayed_and_succeeds",
         "tsr_my_timeout",
         1,
@@ -434,7 +330,7 @@ async fn lock_wait_timeout_is_replayed_and_succeeds() {
 
 #[tokio::test]
 async fn duplicate_entry_is_409_and_never_replayed() {
-    let Some(fx) = Fixture::new(
+    let Some(fx) = fixture(
         "duplicate_entry_is_409_and_never_replayed",
         "tsr_my_unique",
         0,
@@ -443,12 +339,7 @@ async fn duplicate_entry_is_409_and_never_replayed() {
     else {
         return;
     };
-    #[derive(Clone)]
-    struct S {
-        pool: MySqlPool,
-        table: String,
-        calls: Calls,
-    }
+    type S = TableState<MySqlPool>;
     async fn insert(State(s): State<S>, attempt: Attempt) -> Result<StatusCode, DbError> {
         let result = sqlx::query(sql(format!(
             "INSERT INTO {} (id, v) VALUES (1, 0)",
@@ -460,25 +351,14 @@ async fn duplicate_entry_is_409_and_never_replayed() {
         result?;
         Ok(StatusCode::CREATED)
     }
-    let state = S {
-        pool: fx.pool.clone(),
-        table: fx.table.clone(),
-        calls: Calls::default(),
-    };
+    let state = fx.state();
     let app = Router::new()
         .route("/items", post(insert))
         .layer(SqliteRetryLayer::new(fast_policy(5)))
         .with_state(state.clone());
     let server = serve(app).await;
     let client = HttpClient::new(server.addr);
-
-    assert_eq!(client.post("/items", "").await.status, StatusCode::CREATED);
-    let reply = client.post("/items", "").await;
-    assert_eq!(reply.status, StatusCode::CONFLICT);
-    assert_no_db_detail(&reply.text());
-    let calls = state.calls.lock().unwrap().clone();
-    assert_eq!(calls.len(), 2, "one call per request: {calls:?}");
-    assert!(calls[1].1.as_deref().unwrap().starts_with("other: "));
+    assert_conflict_never_replayed(&client, &state.calls).await;
     fx.drop_table().await;
 }
 
@@ -497,7 +377,7 @@ async fn signal(pool: &MySqlPool, sqlstate: &str, number: u16) -> sqlx::Error {
 
 #[tokio::test]
 async fn classifier_and_db_error_on_real_driver_errors() {
-    let Some(fx) = Fixture::new(
+    let Some(fx) = fixture(
         "classifier_and_db_error_on_real_driver_errors",
         "tsr_my_classify",
         1,
@@ -578,7 +458,7 @@ async fn classifier_and_db_error_on_real_driver_errors() {
 /// apart, so neither can the classifier (MySQL 8 has `3572` ER_LOCK_NOWAIT, not retryable).
 #[tokio::test]
 async fn nowait_on_mariadb_reports_1205() {
-    let Some(fx) = Fixture::new("nowait_on_mariadb_reports_1205", "tsr_my_nowait", 1).await else {
+    let Some(fx) = fixture("nowait_on_mariadb_reports_1205", "tsr_my_nowait", 1).await else {
         return;
     };
     let version: String = sqlx::query_scalar("SELECT VERSION()")

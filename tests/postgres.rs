@@ -12,138 +12,44 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
 use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::post;
 use axum::{Json, Router};
 use http::StatusCode;
-use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::{AssertSqlSafe, Connection, PgConnection};
-use tokio::sync::mpsc;
-use tower_sqlite_retry::{
-    Attempt, DbError, Jitter, RetryPolicy, SqliteRetryLayer, classify, is_constraint_violation,
-};
-use tracing_subscriber::layer::SubscriberExt;
+use sqlx::postgres::{PgPool, Postgres};
+use sqlx::{Connection, PgConnection};
+use tower_sqlite_retry::{Attempt, DbError, SqliteRetryLayer, classify, is_constraint_violation};
 
 use common::{
-    EventCapture, HttpClient, assert_no_db_detail, is_stale_table, serve, server_url, unique_table,
+    DbFixture, HttpClient, PausedState, TableState, assert_conflict_never_replayed,
+    assert_no_db_detail, assert_one_retry, assert_service_unavailable, capture_events, fast_policy,
+    poll_until, post_in_background, record, serve, sql,
 };
 
 const VAR: &str = "TSR_POSTGRES_URL";
 
-fn fast_policy(attempts: u32) -> RetryPolicy {
-    RetryPolicy::default()
-        .max_attempts(attempts)
-        .base_delay(Duration::from_millis(1))
-        .max_delay(Duration::from_millis(5))
-        .jitter(Jitter::Full)
-}
-
-fn sql(text: String) -> AssertSqlSafe<String> {
-    AssertSqlSafe(text)
-}
+type Fixture = DbFixture<Postgres>;
 
 /// The server's pool and a table of this test's own, created by `schema` (`{t}` stands for
 /// the table's name); `None` (skipped) without `TSR_POSTGRES_URL`.
-struct Fixture {
-    url: String,
-    pool: PgPool,
-    table: String,
-}
-
-impl Fixture {
-    async fn new(test: &str, prefix: &str, schema: &str) -> Option<Self> {
-        let url = server_url(VAR, test)?;
-        let pool = PgPoolOptions::new()
-            .max_connections(4)
-            .acquire_timeout(Duration::from_secs(30))
-            .connect(&url)
-            .await
-            .unwrap_or_else(|e| panic!("{VAR}={url}: {e}"));
-        sweep_stale_tables(&pool).await;
-        let table = unique_table(prefix);
-        sqlx::query(sql(format!("DROP TABLE IF EXISTS {table}")))
-            .execute(&pool)
-            .await
-            .unwrap();
-        for statement in schema.split(';').filter(|s| !s.trim().is_empty()) {
-            sqlx::query(sql(statement.replace("{t}", &table)))
-                .execute(&pool)
-                .await
-                .unwrap();
-        }
-        Some(Self { url, pool, table })
-    }
-
-    /// A connection of its own, outside the pool the app uses: the "other client".
-    async fn connection(&self) -> PgConnection {
-        PgConnection::connect(&self.url).await.unwrap()
-    }
-
-    async fn drop_table(self) {
-        sqlx::query(sql(format!("DROP TABLE IF EXISTS {}", self.table)))
-            .execute(&self.pool)
-            .await
-            .unwrap();
-        self.pool.close().await;
-    }
-}
-
-/// Drops the tables that failed runs of these tests left behind (see `is_stale_table`).
-async fn sweep_stale_tables(pool: &PgPool) {
-    let names: Vec<String> = sqlx::query_scalar(
+async fn fixture(test: &str, prefix: &str, schema: &str) -> Option<Fixture> {
+    Fixture::new(
+        VAR,
+        test,
+        prefix,
         "SELECT tablename::text FROM pg_tables \
          WHERE schemaname = current_schema() AND tablename LIKE 'tsr\\_pg\\_%'",
+        |name| format!("SET lock_timeout = '1s'; DROP TABLE IF EXISTS {name}; RESET lock_timeout"),
+        |table| {
+            schema
+                .split(';')
+                .filter(|s| !s.trim().is_empty())
+                .map(|statement| statement.replace("{t}", table))
+                .collect()
+        },
     )
-    .fetch_all(pool)
     .await
-    .unwrap();
-    for name in names.into_iter().filter(|n| is_stale_table(n)) {
-        // Best effort: a table still locked by a dead session's transaction waits for later.
-        let _ = sqlx::raw_sql(sql(format!(
-            "SET lock_timeout = '1s'; DROP TABLE IF EXISTS {name}; RESET lock_timeout"
-        )))
-        .execute(pool)
-        .await;
-    }
-}
-
-/// What each attempt of a handler met: its number and the retryable code, if any.
-type Calls = Arc<Mutex<Vec<(u32, Option<String>)>>>;
-
-fn record(calls: &Calls, attempt: &Attempt, result: &Result<impl Sized, sqlx::Error>) {
-    let code = result
-        .as_ref()
-        .err()
-        .map(|e| classify(e).map_or_else(|| format!("other: {e}"), |r| r.code().to_owned()));
-    calls.lock().unwrap().push((attempt.number(), code));
-}
-
-/// The channels of a paused first attempt: it says when it is ready, then waits for the go.
-#[derive(Clone)]
-struct Pause {
-    ready: mpsc::UnboundedSender<()>,
-    go: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<()>>>,
-}
-
-impl Pause {
-    fn new() -> (Self, mpsc::UnboundedReceiver<()>, mpsc::UnboundedSender<()>) {
-        let (ready, ready_rx) = mpsc::unbounded_channel();
-        let (go_tx, go) = mpsc::unbounded_channel();
-        let pause = Self {
-            ready,
-            go: Arc::new(tokio::sync::Mutex::new(go)),
-        };
-        (pause, ready_rx, go_tx)
-    }
-
-    async fn here(&self) {
-        self.ready.send(()).unwrap();
-        self.go.lock().await.recv().await.unwrap();
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -151,19 +57,14 @@ impl Pause {
 
 const SKEW_SCHEMA: &str = "CREATE TABLE {t} (k TEXT NOT NULL, v BIGINT NOT NULL)";
 
-#[derive(Clone)]
-struct SkewState {
-    pool: PgPool,
-    table: String,
-    calls: Calls,
-    pause: Pause,
-}
-
 /// `SERIALIZABLE`: counts the `x` rows, then inserts a `y` row carrying that count. Attempt 1
 /// pauses between the read and the write, so the test can commit the mirror image (read `y`,
 /// write `x`) in between: the two transactions form a write skew, and PostgreSQL fails this
 /// one with `40001`.
-async fn skew(State(s): State<SkewState>, attempt: Attempt) -> Result<impl IntoResponse, DbError> {
+async fn skew(
+    State(s): State<PausedState<PgPool>>,
+    attempt: Attempt,
+) -> Result<impl IntoResponse, DbError> {
     let t = &s.table;
     let result = async {
         let mut tx = s
@@ -205,25 +106,6 @@ async fn commit_mirror_image(conn: &mut PgConnection, t: &str) {
     tx.commit().await.unwrap();
 }
 
-async fn skew_setup(
-    test: &str,
-) -> Option<(
-    Fixture,
-    SkewState,
-    mpsc::UnboundedReceiver<()>,
-    mpsc::UnboundedSender<()>,
-)> {
-    let fx = Fixture::new(test, "tsr_pg_skew", SKEW_SCHEMA).await?;
-    let (pause, ready, go) = Pause::new();
-    let state = SkewState {
-        pool: fx.pool.clone(),
-        table: fx.table.clone(),
-        calls: Calls::default(),
-        pause,
-    };
-    Some((fx, state, ready, go))
-}
-
 async fn rows(pool: &PgPool, t: &str) -> Vec<(String, i64)> {
     sqlx::query_as(sql(format!("SELECT k, v FROM {t} ORDER BY k")))
         .fetch_all(pool)
@@ -233,21 +115,22 @@ async fn rows(pool: &PgPool, t: &str) -> Vec<(String, i64)> {
 
 #[tokio::test]
 async fn write_skew_serialization_failure_is_replayed_and_succeeds() {
-    let Some((fx, state, mut ready, go)) =
-        skew_setup("write_skew_serialization_failure_is_replayed_and_succeeds").await
+    let Some(fx) = fixture(
+        "write_skew_serialization_failure_is_replayed_and_succeeds",
+        "tsr_pg_skew",
+        SKEW_SCHEMA,
+    )
+    .await
     else {
         return;
     };
-    let capture = EventCapture::default();
-    let _guard =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()));
+    let (state, mut ready, go) = fx.paused_state();
+    let (capture, _guard) = capture_events();
     let app = Router::new()
         .route("/skew", post(skew))
         .layer(SqliteRetryLayer::new(fast_policy(5)))
         .with_state(state.clone());
-    let server = serve(app).await;
-    let client = HttpClient::new(server.addr);
-    let request = tokio::spawn(async move { client.post("/skew", "").await });
+    let (_server, request) = post_in_background(app, "/skew").await;
 
     ready.recv().await.unwrap();
     commit_mirror_image(&mut fx.connection().await, &fx.table).await;
@@ -266,35 +149,33 @@ async fn write_skew_serialization_failure_is_replayed_and_succeeds() {
         vec![("x".into(), 0), ("y".into(), 1)],
         "the failed attempt committed nothing; the replay committed once"
     );
-    let retries = capture.with_message("retrying request");
-    assert_eq!(retries.len(), 1, "{:?}", capture.events.lock().unwrap());
-    assert_eq!(retries[0]["db.response.status_code"], "40001");
-    assert_eq!(retries[0]["error.type"], "serialization_failure");
+    assert_one_retry(&capture, "40001", "serialization_failure");
     fx.drop_table().await;
 }
 
 #[tokio::test]
 async fn write_skew_without_the_layer_fails_with_503() {
-    let Some((fx, state, mut ready, go)) =
-        skew_setup("write_skew_without_the_layer_fails_with_503").await
+    let Some(fx) = fixture(
+        "write_skew_without_the_layer_fails_with_503",
+        "tsr_pg_skew",
+        SKEW_SCHEMA,
+    )
+    .await
     else {
         return;
     };
+    let (state, mut ready, go) = fx.paused_state();
     let app = Router::new()
         .route("/skew", post(skew))
         .with_state(state.clone());
-    let server = serve(app).await;
-    let client = HttpClient::new(server.addr);
-    let request = tokio::spawn(async move { client.post("/skew", "").await });
+    let (_server, request) = post_in_background(app, "/skew").await;
 
     ready.recv().await.unwrap();
     commit_mirror_image(&mut fx.connection().await, &fx.table).await;
     go.send(()).unwrap();
 
     let reply = request.await.unwrap();
-    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(reply.headers["retry-after"], "1");
-    assert_no_db_detail(&reply.text());
+    assert_service_unavailable(&reply);
     assert_eq!(
         state.calls.lock().unwrap().clone(),
         vec![(1, Some("40001".to_string()))]
@@ -309,20 +190,12 @@ async fn write_skew_without_the_layer_fails_with_503() {
 const ROWS_SCHEMA: &str = "CREATE TABLE {t} (id INT PRIMARY KEY, v BIGINT NOT NULL);
     INSERT INTO {t} (id, v) VALUES (1, 0), (2, 0)";
 
-#[derive(Clone)]
-struct DeadlockState {
-    pool: PgPool,
-    table: String,
-    calls: Calls,
-    pause: Pause,
-}
-
 /// Updates row 1, then row 2, in one transaction. Its `deadlock_timeout` is short (100 ms)
 /// and the other client's long, so when both wait on each other this is the transaction that
 /// runs the deadlock check, finds the cycle and is cancelled with `40P01`: the victim is
 /// known in advance. Attempt 1 pauses after locking row 1 until the other client waits for it.
 async fn transfer(
-    State(s): State<DeadlockState>,
+    State(s): State<PausedState<PgPool>>,
     attempt: Attempt,
 ) -> Result<impl IntoResponse, DbError> {
     let t = &s.table;
@@ -380,41 +253,17 @@ async fn lock_in_opposite_order(fx: &Fixture) -> tokio::task::JoinHandle<PgConne
 
 /// Polls the server until backend `pid` waits for a lock (a condition, not a guess at timing).
 async fn wait_until_blocked(pool: &PgPool, pid: i32) {
-    let start = Instant::now();
-    loop {
-        let blocked: bool = sqlx::query_scalar("SELECT cardinality(pg_blocking_pids($1)) > 0")
-            .bind(pid)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-        if blocked {
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "backend {pid} never waited for the lock"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
-
-async fn deadlock_setup(
-    test: &str,
-) -> Option<(
-    Fixture,
-    DeadlockState,
-    mpsc::UnboundedReceiver<()>,
-    mpsc::UnboundedSender<()>,
-)> {
-    let fx = Fixture::new(test, "tsr_pg_deadlock", ROWS_SCHEMA).await?;
-    let (pause, ready, go) = Pause::new();
-    let state = DeadlockState {
-        pool: fx.pool.clone(),
-        table: fx.table.clone(),
-        calls: Calls::default(),
-        pause,
-    };
-    Some((fx, state, ready, go))
+    poll_until(
+        format!("backend {pid} never waited for the lock"),
+        async || {
+            sqlx::query_scalar("SELECT cardinality(pg_blocking_pids($1)) > 0")
+                .bind(pid)
+                .fetch_one(pool)
+                .await
+                .unwrap()
+        },
+    )
+    .await;
 }
 
 async fn values(pool: &PgPool, t: &str) -> Vec<(i32, i64)> {
@@ -426,21 +275,22 @@ async fn values(pool: &PgPool, t: &str) -> Vec<(i32, i64)> {
 
 #[tokio::test]
 async fn deadlock_victim_is_replayed_and_succeeds() {
-    let Some((fx, state, mut ready, go)) =
-        deadlock_setup("deadlock_victim_is_replayed_and_succeeds").await
+    let Some(fx) = fixture(
+        "deadlock_victim_is_replayed_and_succeeds",
+        "tsr_pg_deadlock",
+        ROWS_SCHEMA,
+    )
+    .await
     else {
         return;
     };
-    let capture = EventCapture::default();
-    let _guard =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()));
+    let (state, mut ready, go) = fx.paused_state();
+    let (capture, _guard) = capture_events();
     let app = Router::new()
         .route("/transfer", post(transfer))
         .layer(SqliteRetryLayer::new(fast_policy(5)))
         .with_state(state.clone());
-    let server = serve(app).await;
-    let client = HttpClient::new(server.addr);
-    let request = tokio::spawn(async move { client.post("/transfer", "").await });
+    let (_server, request) = post_in_background(app, "/transfer").await;
 
     ready.recv().await.unwrap();
     let other = lock_in_opposite_order(&fx).await;
@@ -457,26 +307,26 @@ async fn deadlock_victim_is_replayed_and_succeeds() {
     );
     // The other client's +10 on both rows, and the handler's +1 once.
     assert_eq!(values(&fx.pool, &fx.table).await, vec![(1, 11), (2, 11)]);
-    let retries = capture.with_message("retrying request");
-    assert_eq!(retries.len(), 1, "{:?}", capture.events.lock().unwrap());
-    assert_eq!(retries[0]["db.response.status_code"], "40P01");
-    assert_eq!(retries[0]["error.type"], "deadlock_detected");
+    assert_one_retry(&capture, "40P01", "deadlock_detected");
     fx.drop_table().await;
 }
 
 #[tokio::test]
 async fn deadlock_without_the_layer_fails_with_503() {
-    let Some((fx, state, mut ready, go)) =
-        deadlock_setup("deadlock_without_the_layer_fails_with_503").await
+    let Some(fx) = fixture(
+        "deadlock_without_the_layer_fails_with_503",
+        "tsr_pg_deadlock",
+        ROWS_SCHEMA,
+    )
+    .await
     else {
         return;
     };
+    let (state, mut ready, go) = fx.paused_state();
     let app = Router::new()
         .route("/transfer", post(transfer))
         .with_state(state.clone());
-    let server = serve(app).await;
-    let client = HttpClient::new(server.addr);
-    let request = tokio::spawn(async move { client.post("/transfer", "").await });
+    let (_server, request) = post_in_background(app, "/transfer").await;
 
     ready.recv().await.unwrap();
     let other = lock_in_opposite_order(&fx).await;
@@ -485,9 +335,7 @@ async fn deadlock_without_the_layer_fails_with_503() {
     sqlx::query("COMMIT").execute(&mut other).await.unwrap();
 
     let reply = request.await.unwrap();
-    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(reply.headers["retry-after"], "1");
-    assert_no_db_detail(&reply.text());
+    assert_service_unavailable(&reply);
     assert_eq!(
         state.calls.lock().unwrap().clone(),
         vec![(1, Some("40P01".to_string()))]
@@ -501,7 +349,7 @@ async fn deadlock_without_the_layer_fails_with_503() {
 
 #[tokio::test]
 async fn unique_violation_is_409_and_never_replayed() {
-    let Some(fx) = Fixture::new(
+    let Some(fx) = fixture(
         "unique_violation_is_409_and_never_replayed",
         "tsr_pg_unique",
         "CREATE TABLE {t} (seq BIGINT PRIMARY KEY)",
@@ -510,12 +358,7 @@ async fn unique_violation_is_409_and_never_replayed() {
     else {
         return;
     };
-    #[derive(Clone)]
-    struct S {
-        pool: PgPool,
-        table: String,
-        calls: Calls,
-    }
+    type S = TableState<PgPool>;
     async fn insert(State(s): State<S>, attempt: Attempt) -> Result<StatusCode, DbError> {
         let result = sqlx::query(sql(format!("INSERT INTO {} (seq) VALUES (1)", s.table)))
             .execute(&s.pool)
@@ -524,31 +367,20 @@ async fn unique_violation_is_409_and_never_replayed() {
         result?;
         Ok(StatusCode::CREATED)
     }
-    let state = S {
-        pool: fx.pool.clone(),
-        table: fx.table.clone(),
-        calls: Calls::default(),
-    };
+    let state = fx.state();
     let app = Router::new()
         .route("/items", post(insert))
         .layer(SqliteRetryLayer::new(fast_policy(5)))
         .with_state(state.clone());
     let server = serve(app).await;
     let client = HttpClient::new(server.addr);
-
-    assert_eq!(client.post("/items", "").await.status, StatusCode::CREATED);
-    let reply = client.post("/items", "").await;
-    assert_eq!(reply.status, StatusCode::CONFLICT);
-    assert_no_db_detail(&reply.text());
-    let calls = state.calls.lock().unwrap().clone();
-    assert_eq!(calls.len(), 2, "one call per request: {calls:?}");
-    assert!(calls[1].1.as_deref().unwrap().starts_with("other: "));
+    assert_conflict_never_replayed(&client, &state.calls).await;
     fx.drop_table().await;
 }
 
 #[tokio::test]
 async fn lock_not_available_from_nowait_is_not_replayed() {
-    let Some(fx) = Fixture::new(
+    let Some(fx) = fixture(
         "lock_not_available_from_nowait_is_not_replayed",
         "tsr_pg_nowait",
         ROWS_SCHEMA,
@@ -557,12 +389,7 @@ async fn lock_not_available_from_nowait_is_not_replayed() {
     else {
         return;
     };
-    #[derive(Clone)]
-    struct S {
-        pool: PgPool,
-        table: String,
-        calls: Calls,
-    }
+    type S = TableState<PgPool>;
     async fn claim(State(s): State<S>, attempt: Attempt) -> Result<StatusCode, DbError> {
         let result = async {
             let mut tx = s.pool.begin().await?;
@@ -579,11 +406,7 @@ async fn lock_not_available_from_nowait_is_not_replayed() {
         result?;
         Ok(StatusCode::OK)
     }
-    let state = S {
-        pool: fx.pool.clone(),
-        table: fx.table.clone(),
-        calls: Calls::default(),
-    };
+    let state = fx.state();
     let app = Router::new()
         .route("/claim", post(claim))
         .layer(SqliteRetryLayer::new(fast_policy(5)))
@@ -623,7 +446,7 @@ async fn raise(pool: &PgPool, sqlstate: &str) -> sqlx::Error {
 
 #[tokio::test]
 async fn classifier_and_db_error_on_real_driver_errors() {
-    let Some(fx) = Fixture::new(
+    let Some(fx) = fixture(
         "classifier_and_db_error_on_real_driver_errors",
         "tsr_pg_classify",
         "CREATE TABLE {t} (seq BIGINT PRIMARY KEY, n BIGINT NOT NULL CHECK (n >= 0))",

@@ -335,37 +335,34 @@ impl Db {
     /// answers concurrent writers with.
     pub(crate) async fn create_item(&self, name: &str) -> Result<(i64, i64), sqlx::Error> {
         let sql = &*self.sql;
+        // Where the insert returns the id (SQLite, PostgreSQL): next seq, insert, commit.
+        macro_rules! insert_returning_id {
+            ($tx:expr) => {{
+                let mut tx = $tx;
+                let seq: i64 = sqlx::query_scalar(q(&sql.next_seq))
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let id: i64 = sqlx::query_scalar(q(&sql.insert))
+                    .bind(seq)
+                    .bind(name)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok((id, seq))
+            }};
+        }
         match &self.pool {
             Pool::Sqlite(pool) => {
                 // A deferred transaction: `BEGIN`, not `BEGIN IMMEDIATE` (which would avoid
                 // most of the contention: this example shows what the layer does without it).
-                let mut tx = pool.begin().await?;
-                let seq: i64 = sqlx::query_scalar(q(&sql.next_seq))
-                    .fetch_one(&mut *tx)
-                    .await?;
-                let id: i64 = sqlx::query_scalar(q(&sql.insert))
-                    .bind(seq)
-                    .bind(name)
-                    .fetch_one(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-                Ok((id, seq))
+                insert_returning_id!(pool.begin().await?)
             }
             #[cfg(feature = "postgres")]
             Pool::Postgres(pool) => {
-                let mut tx = pool
-                    .begin_with("BEGIN ISOLATION LEVEL SERIALIZABLE")
-                    .await?;
-                let seq: i64 = sqlx::query_scalar(q(&sql.next_seq))
-                    .fetch_one(&mut *tx)
-                    .await?;
-                let id: i64 = sqlx::query_scalar(q(&sql.insert))
-                    .bind(seq)
-                    .bind(name)
-                    .fetch_one(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-                Ok((id, seq))
+                insert_returning_id!(
+                    pool.begin_with("BEGIN ISOLATION LEVEL SERIALIZABLE")
+                        .await?
+                )
             }
             #[cfg(feature = "mysql")]
             Pool::MySql(pool) => {

@@ -281,3 +281,258 @@ pub fn is_stale_table(name: &str) -> bool {
         Err(_) => false,
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Shared by the tests against real database servers (`tests/postgres.rs`, `tests/mysql.rs`).
+
+/// Replays that come at once: 1 ms base delay, 5 ms cap, full jitter.
+pub fn fast_policy(attempts: u32) -> tower_sqlite_retry::RetryPolicy {
+    tower_sqlite_retry::RetryPolicy::default()
+        .max_attempts(attempts)
+        .base_delay(Duration::from_millis(1))
+        .max_delay(Duration::from_millis(5))
+        .jitter(tower_sqlite_retry::Jitter::Full)
+}
+
+/// SQL built with `format!` from table names the tests choose themselves.
+pub fn sql(text: String) -> sqlx::AssertSqlSafe<String> {
+    sqlx::AssertSqlSafe(text)
+}
+
+/// What each attempt of a handler met: its number and the retryable code, if any.
+pub type Calls = std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<String>)>>>;
+
+/// Records in `calls` the attempt's number and what its result met: nothing, the retryable
+/// code, or `other: {error}`.
+pub fn record(
+    calls: &Calls,
+    attempt: &tower_sqlite_retry::Attempt,
+    result: &Result<impl Sized, sqlx::Error>,
+) {
+    let code = result.as_ref().err().map(|e| {
+        tower_sqlite_retry::classify(e)
+            .map_or_else(|| format!("other: {e}"), |r| r.code().to_owned())
+    });
+    calls.lock().unwrap().push((attempt.number(), code));
+}
+
+/// The channels of a paused first attempt: it says when it is ready, then waits for the go.
+#[derive(Clone)]
+pub struct Pause {
+    ready: tokio::sync::mpsc::UnboundedSender<()>,
+    go: std::sync::Arc<tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<()>>>,
+}
+
+impl Pause {
+    /// The pause, the receiver of its "ready" and the sender of its "go".
+    pub fn new() -> (
+        Self,
+        tokio::sync::mpsc::UnboundedReceiver<()>,
+        tokio::sync::mpsc::UnboundedSender<()>,
+    ) {
+        let (ready, ready_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (go_tx, go) = tokio::sync::mpsc::unbounded_channel();
+        let pause = Self {
+            ready,
+            go: std::sync::Arc::new(tokio::sync::Mutex::new(go)),
+        };
+        (pause, ready_rx, go_tx)
+    }
+
+    pub async fn here(&self) {
+        self.ready.send(()).unwrap();
+        self.go.lock().await.recv().await.unwrap();
+    }
+}
+
+/// A handler's state: the pool, the test's table and the attempts' log.
+#[derive(Clone)]
+pub struct TableState<P> {
+    pub pool: P,
+    pub table: String,
+    pub calls: Calls,
+}
+
+/// A handler's state whose first attempt pauses (see [`Pause`]).
+#[derive(Clone)]
+pub struct PausedState<P> {
+    pub pool: P,
+    pub table: String,
+    pub calls: Calls,
+    pub pause: Pause,
+}
+
+/// The server's pool and a table of this test's own, dropped with [`DbFixture::drop_table`].
+pub struct DbFixture<DB: sqlx::Database> {
+    pub url: String,
+    pub pool: sqlx::Pool<DB>,
+    pub table: String,
+}
+
+impl<DB: sqlx::Database> DbFixture<DB>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    /// Connects to the server named by the environment variable `var` (`None`, skipped,
+    /// without it), sweeps the stale tables named `sweep_like` (a `LIKE` pattern) that
+    /// `list_tables` lists and `drop_stale` drops, then creates a table named after `prefix`
+    /// with the statements `schema` gives for its name.
+    pub async fn new(
+        var: &str,
+        test: &str,
+        prefix: &str,
+        list_tables: &'static str,
+        drop_stale: impl Fn(&str) -> String,
+        schema: impl FnOnce(&str) -> Vec<String>,
+    ) -> Option<Self>
+    where
+        for<'r> String: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+        usize: sqlx::ColumnIndex<DB::Row>,
+    {
+        let url = server_url(var, test)?;
+        let pool = sqlx::pool::PoolOptions::<DB>::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{var}={url}: {e}"));
+        sweep_stale_tables(&pool, list_tables, drop_stale).await;
+        let table = unique_table(prefix);
+        sqlx::query(sql(format!("DROP TABLE IF EXISTS {table}")))
+            .execute(&pool)
+            .await
+            .unwrap();
+        for statement in schema(&table) {
+            sqlx::query(sql(statement)).execute(&pool).await.unwrap();
+        }
+        Some(Self { url, pool, table })
+    }
+
+    /// A connection of its own, outside the pool the app uses: the "other client".
+    pub async fn connection(&self) -> DB::Connection {
+        <DB::Connection as sqlx::Connection>::connect(&self.url)
+            .await
+            .unwrap()
+    }
+
+    /// A handler's state on this pool and table, with an empty log.
+    pub fn state(&self) -> TableState<sqlx::Pool<DB>> {
+        TableState {
+            pool: self.pool.clone(),
+            table: self.table.clone(),
+            calls: Calls::default(),
+        }
+    }
+
+    /// A handler's state whose first attempt pauses, the receiver of its "ready" and the
+    /// sender of its "go".
+    pub fn paused_state(
+        &self,
+    ) -> (
+        PausedState<sqlx::Pool<DB>>,
+        tokio::sync::mpsc::UnboundedReceiver<()>,
+        tokio::sync::mpsc::UnboundedSender<()>,
+    ) {
+        let (pause, ready, go) = Pause::new();
+        let state = PausedState {
+            pool: self.pool.clone(),
+            table: self.table.clone(),
+            calls: Calls::default(),
+            pause,
+        };
+        (state, ready, go)
+    }
+
+    pub async fn drop_table(self) {
+        sqlx::query(sql(format!("DROP TABLE IF EXISTS {}", self.table)))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+        self.pool.close().await;
+    }
+}
+
+/// Drops the tables that failed runs of these tests left behind (see [`is_stale_table`]):
+/// `list_tables` lists the candidates, `drop_stale` gives the statements that drop one.
+async fn sweep_stale_tables<DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+    list_tables: &'static str,
+    drop_stale: impl Fn(&str) -> String,
+) where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+    for<'r> String: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
+{
+    let names: Vec<String> = sqlx::query_scalar(list_tables)
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    for name in names.into_iter().filter(|n| is_stale_table(n)) {
+        // Best effort: a table still locked by a dead session's transaction waits for later.
+        let _ = sqlx::raw_sql(sql(drop_stale(&name))).execute(pool).await;
+    }
+}
+
+/// Polls `check` every 2 ms until it holds (a condition, not a guess at timing); panics with
+/// `what` after 30 s.
+pub async fn poll_until(what: impl std::fmt::Display, mut check: impl AsyncFnMut() -> bool) {
+    let start = std::time::Instant::now();
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "{what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// An [`EventCapture`] installed as the default subscriber until the guard drops.
+pub fn capture_events() -> (EventCapture, tracing::subscriber::DefaultGuard) {
+    use tracing_subscriber::layer::SubscriberExt;
+    let capture = EventCapture::default();
+    let guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()));
+    (capture, guard)
+}
+
+/// Asserts that exactly one replay was logged, for this code and error type.
+pub fn assert_one_retry(capture: &EventCapture, code: &str, error_type: &str) {
+    let retries = capture.with_message("retrying request");
+    assert_eq!(retries.len(), 1, "{:?}", capture.events.lock().unwrap());
+    assert_eq!(retries[0]["db.response.status_code"], code);
+    assert_eq!(retries[0]["error.type"], error_type);
+}
+
+/// Serves `app` and posts an empty body to `path` in a task of its own.
+pub async fn post_in_background(
+    app: Router,
+    path: &str,
+) -> (Server, tokio::task::JoinHandle<Reply>) {
+    let server = serve(app).await;
+    let client = HttpClient::new(server.addr);
+    let path = path.to_owned();
+    let request = tokio::spawn(async move { client.post(&path, "").await });
+    (server, request)
+}
+
+/// Asserts a `503` with `retry-after: 1` and no database detail.
+pub fn assert_service_unavailable(reply: &Reply) {
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.headers["retry-after"], "1");
+    assert_no_db_detail(&reply.text());
+}
+
+/// Posts twice to `/items`, whose handler inserts the same key: `201`, then `409` without
+/// database detail, and one call per request (no replay), the second failing with an error
+/// that is not retryable.
+pub async fn assert_conflict_never_replayed(client: &HttpClient, calls: &Calls) {
+    assert_eq!(client.post("/items", "").await.status, StatusCode::CREATED);
+    let reply = client.post("/items", "").await;
+    assert_eq!(reply.status, StatusCode::CONFLICT);
+    assert_no_db_detail(&reply.text());
+    let calls = calls.lock().unwrap().clone();
+    assert_eq!(calls.len(), 2, "one call per request: {calls:?}");
+    assert!(calls[1].1.as_deref().unwrap().starts_with("other: "));
+}
