@@ -159,3 +159,43 @@ async fn one_attempt_never_retries() {
     assert_eq!(count(&calls), 1);
     assert_eq!(outcome.unwrap().outcome(), Outcome::Exhausted);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_limit_inside_queues_write_handlers() {
+    use tower::ServiceBuilder;
+    use tower::limit::ConcurrencyLimitLayer;
+
+    let running = Arc::new(AtomicU32::new(0));
+    let most = Arc::new(AtomicU32::new(0));
+    let (r, m) = (running.clone(), most.clone());
+    let app = Router::new()
+        .route(
+            "/orders",
+            post(move || {
+                let (r, m) = (r.clone(), m.clone());
+                async move {
+                    let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+                    m.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    r.fetch_sub(1, Ordering::SeqCst);
+                    StatusCode::CREATED
+                }
+            })
+            .layer(
+                ServiceBuilder::new()
+                    .layer(SqliteRetryLayer::new(RetryPolicy::default()))
+                    .layer(ConcurrencyLimitLayer::new(1)),
+            ),
+        )
+        // NOTE: `with_state` builds each route's service once; without it axum rebuilds the
+        // handler's layers per request, and a new `ConcurrencyLimit` per request limits nothing.
+        .with_state(());
+    let calls = (0..8).map(|_| call(&app, "POST", "/orders"));
+    let results = futures::future::join_all(calls).await;
+    assert!(results.iter().all(|(s, _)| *s == StatusCode::CREATED));
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        1,
+        "one write handler at a time"
+    );
+}
