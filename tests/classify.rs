@@ -27,8 +27,9 @@ async fn body_text(res: axum::response::Response) -> String {
 /// A write while another connection holds `BEGIN IMMEDIATE`, busy timeout 0: SQLITE_BUSY (5).
 async fn real_busy(db: &TestDb) -> sqlx::Error {
     let _pool = db.pool(1, Duration::ZERO).await; // creates the schema
-    let lock = db.hold_write_lock().await;
+    // The victim connects first: connecting runs pragmas that must not meet the held lock.
     let mut conn = db.connection().await;
+    let lock = db.hold_write_lock().await;
     let err = sqlx::query("INSERT INTO items (seq, name) VALUES (1, 'x')")
         .execute(&mut conn)
         .await

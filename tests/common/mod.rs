@@ -65,8 +65,12 @@ impl TestDb {
     }
 
     /// Holds the write lock (`BEGIN IMMEDIATE`) on a connection of its own until released.
+    /// The holder itself waits (busy timeout 5 s) for any transient lock, so taking the lock
+    /// never fails on a loaded machine; only the victims have a busy timeout of 0.
     pub async fn hold_write_lock(&self) -> WriteLock {
-        let mut conn = self.connection().await;
+        let mut conn = SqliteConnection::connect_with(&self.options(Duration::from_secs(5)))
+            .await
+            .expect("connection");
         sqlx::query("BEGIN IMMEDIATE")
             .execute(&mut conn)
             .await
