@@ -322,19 +322,25 @@ where
                     } else {
                         None
                     };
-                    let delay = policy.delay(n, *this.prev_delay, &mut rand::rng());
-                    let stop = stop.or_else(|| {
-                        let past_deadline = this.deadline.is_some_and(|d| {
-                            Instant::now().checked_add(delay).is_none_or(|end| end > d)
-                        });
-                        if past_deadline {
-                            Some(Outcome::Deadline)
-                        } else if policy.budget.as_ref().is_some_and(|b| !b.withdraw()) {
-                            Some(Outcome::BudgetExhausted)
-                        } else {
-                            None
+                    // The backoff is drawn only when nothing else has stopped the retries
+                    // (the delay is unused once `stop` is set).
+                    let (stop, delay) = match stop {
+                        Some(outcome) => (Some(outcome), Duration::ZERO),
+                        None => {
+                            let delay = policy.delay(n, *this.prev_delay, &mut rand::rng());
+                            let past_deadline = this.deadline.is_some_and(|d| {
+                                Instant::now().checked_add(delay).is_none_or(|end| end > d)
+                            });
+                            let stop = if past_deadline {
+                                Some(Outcome::Deadline)
+                            } else if policy.budget.as_ref().is_some_and(|b| !b.withdraw()) {
+                                Some(Outcome::BudgetExhausted)
+                            } else {
+                                None
+                            };
+                            (stop, delay)
                         }
-                    });
+                    };
                     if let Some(outcome) = stop {
                         let elapsed_ms = elapsed.as_millis() as u64;
                         macro_rules! stop_event {
