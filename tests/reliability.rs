@@ -43,12 +43,14 @@ fn quick(attempts: u32) -> RetryPolicy {
         .max_delay(Duration::from_micros(100))
 }
 
-#[tokio::test]
-async fn budget_bounds_retries_under_total_failure() {
-    // tower's TpsBudget: 20% of requests plus 10 per second over its 10 s window.
-    let requests = 500u64;
-    let budget = Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2));
-    let layer = SqliteRetryLayer::new(quick(10).budget(budget));
+/// Sends `requests` requests through a layer with `budget` to a service whose every attempt
+/// fails retryably, each answered by its own 503; returns the counters and the handler calls.
+async fn under_total_failure(
+    budget: TpsBudget,
+    attempts: u32,
+    requests: u64,
+) -> (tower_sqlite_retry::MetricsSnapshot, u64) {
+    let layer = SqliteRetryLayer::new(quick(attempts).budget(Arc::new(budget)));
     let metrics = layer.metrics();
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
@@ -59,12 +61,22 @@ async fn budget_bounds_retries_under_total_failure() {
             async { Ok::<_, Infallible>(busy()) }
         }));
     for _ in 0..requests {
-        svc.clone()
+        let res = svc
+            .clone()
             .oneshot(Request::get("/").body(Body::empty()).unwrap())
             .await
             .unwrap();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     }
-    let snap = metrics.snapshot();
+    (metrics.snapshot(), u64::from(calls.load(Ordering::SeqCst)))
+}
+
+#[tokio::test]
+async fn budget_bounds_retries_under_total_failure() {
+    // tower's TpsBudget: 20% of requests plus 10 per second over its 10 s window.
+    let requests = 500u64;
+    let budget = TpsBudget::new(Duration::from_secs(10), 10, 0.2);
+    let (snap, calls) = under_total_failure(budget, 10, requests).await;
     let bound = requests / 5 + 10 * 10;
     eprintln!(
         "budget: {} requests, {} retries (bound {bound}; without a budget: {})",
@@ -82,10 +94,18 @@ async fn budget_bounds_retries_under_total_failure() {
         requests,
         "every request ends with its own 503"
     );
-    assert_eq!(
-        u64::from(calls.load(Ordering::SeqCst)),
-        requests + snap.retries
-    );
+    assert_eq!(calls, requests + snap.retries);
+}
+
+#[tokio::test]
+async fn budget_bounds_retries() {
+    // 0% of traffic, 1 retry per second over tower's 10 s window: a reserve of 10 retries.
+    let budget = TpsBudget::new(Duration::from_secs(10), 1, 0.0);
+    let (snap, calls) = under_total_failure(budget, 5, 100).await;
+    assert!(snap.retries <= 10, "{snap:?}");
+    assert!(snap.retries > 0, "{snap:?}");
+    assert!(snap.budget_exhausted >= 90, "{snap:?}");
+    assert_eq!(calls, 100 + snap.retries);
 }
 
 #[tokio::test]

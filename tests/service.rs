@@ -1,5 +1,5 @@
 //! The layer on plain tower services: readiness, error classifiers, backoff and deadline under
-//! tokio's paused clock, the side-effect fence, the retry budget.
+//! tokio's paused clock and the side-effect fence.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -13,7 +13,6 @@ use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use proptest::prelude::*;
 use tokio::time::Instant;
-use tower::retry::budget::TpsBudget;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_sqlite_retry::{
     Attempt, Jitter, Outcome, RetryOutcome, RetryPolicy, Retryable, SqliteRetryLayer, SqlxErrors,
@@ -230,31 +229,6 @@ async fn fence_stops_replays() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert_eq!(metrics.snapshot().fenced, 1);
-}
-
-#[tokio::test]
-async fn budget_bounds_retries() {
-    // 0% of traffic, 1 retry per second over tower's 10 s window: a reserve of 10 retries.
-    let budget = Arc::new(TpsBudget::new(Duration::from_secs(10), 1, 0.0));
-    let layer = SqliteRetryLayer::new(fast().budget(budget));
-    let metrics = layer.metrics();
-    let calls = Arc::new(AtomicU32::new(0));
-    let c = calls.clone();
-    let svc = ServiceBuilder::new()
-        .layer(layer)
-        .service(tower::service_fn(move |_: Request<Body>| {
-            c.fetch_add(1, Ordering::SeqCst);
-            async { Ok::<_, Infallible>(busy()) }
-        }));
-    for _ in 0..100 {
-        let res = svc.clone().oneshot(req()).await.unwrap();
-        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
-    }
-    let snap = metrics.snapshot();
-    assert!(snap.retries <= 10, "{snap:?}");
-    assert!(snap.retries > 0, "{snap:?}");
-    assert!(snap.budget_exhausted >= 90, "{snap:?}");
-    assert_eq!(calls.load(Ordering::SeqCst) as u64, 100 + snap.retries);
 }
 
 proptest! {
