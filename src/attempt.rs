@@ -3,7 +3,7 @@
 use std::convert::Infallible;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::extract::FromRequestParts;
@@ -45,12 +45,62 @@ use http::request::Parts;
 pub struct Attempt {
     number: u32,
     max: u32,
-    fence: Option<Arc<AtomicBool>>,
+    request: Option<Arc<RequestState>>,
+}
+
+/// What the layer and every attempt of one request share: the fence, and (for nested layers)
+/// whether an inner layer took the request over and how it ended there.
+#[derive(Default)]
+pub(crate) struct RequestState {
+    fenced: AtomicBool,
+    claimed: AtomicBool,
+    /// The inner layer's result: outcome index + 1 in the high 32 bits (0 = none yet),
+    /// attempts in the low 32.
+    inner: AtomicU64,
+}
+
+impl RequestState {
+    pub(crate) fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::Acquire)
+    }
+
+    /// An inner layer takes this request over: the layer that made this state must pass its
+    /// answer through, whatever it is.
+    pub(crate) fn claim(&self) {
+        self.claimed.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_claimed(&self) -> bool {
+        self.claimed.load(Ordering::Acquire)
+    }
+
+    /// The inner layer that claimed the request reports how it ended.
+    pub(crate) fn report(&self, outcome: Outcome, attempts: u32) {
+        let packed = ((outcome.index() as u64 + 1) << 32) | u64::from(attempts);
+        self.inner.store(packed, Ordering::Release);
+    }
+
+    /// What the inner layer reported, if it did.
+    pub(crate) fn reported(&self) -> Option<(Outcome, u32)> {
+        let packed = self.inner.load(Ordering::Acquire);
+        let index = (packed >> 32) as usize;
+        let outcome = *Outcome::ALL.get(index.checked_sub(1)?)?;
+        Some((outcome, packed as u32))
+    }
 }
 
 impl Attempt {
-    pub(crate) fn new(number: u32, max: u32, fence: Option<Arc<AtomicBool>>) -> Self {
-        Self { number, max, fence }
+    pub(crate) fn new(number: u32, max: u32, request: Option<Arc<RequestState>>) -> Self {
+        Self {
+            number,
+            max,
+            request,
+        }
+    }
+
+    /// The per-request state of the layer that made this attempt.
+    pub(crate) fn request_state(&self) -> Option<&Arc<RequestState>> {
+        self.request.as_ref()
     }
 
     /// This attempt's number, 1 for the first.
@@ -70,16 +120,14 @@ impl Attempt {
 
     /// Declares that a replay of this request is unsafe from here on. Idempotent.
     pub fn fence(&self) {
-        if let Some(f) = &self.fence {
-            f.store(true, Ordering::Release);
+        if let Some(r) = &self.request {
+            r.fenced.store(true, Ordering::Release);
         }
     }
 
     /// Whether [`fence`](Self::fence) was called for this request.
     pub fn is_fenced(&self) -> bool {
-        self.fence
-            .as_ref()
-            .is_some_and(|f| f.load(Ordering::Acquire))
+        self.request.as_ref().is_some_and(|r| r.is_fenced())
     }
 }
 
@@ -125,8 +173,12 @@ pub enum Outcome {
     Fenced,
     /// After at least one replay, the last attempt failed in a way a replay cannot cure: a
     /// `4xx` or `5xx` without the marker (a constraint violation's `409`, say), or an error
-    /// the classifier refused.
+    /// the classifier refused; or the inner service failed before an attempt could start
+    /// (an error from its `poll_ready`).
     NonRetryable,
+    /// The response future was dropped before it finished: the client went away, or a timeout
+    /// outside the layer fired. Never on a response; counted and traced only.
+    Cancelled,
 }
 
 impl Outcome {
@@ -141,10 +193,11 @@ impl Outcome {
             Outcome::NotReplayable => "not_replayable",
             Outcome::Fenced => "fenced",
             Outcome::NonRetryable => "non_retryable",
+            Outcome::Cancelled => "cancelled",
         }
     }
 
-    pub(crate) const ALL: [Outcome; 8] = [
+    pub(crate) const ALL: [Outcome; 9] = [
         Outcome::FirstTry,
         Outcome::SucceededAfterRetry,
         Outcome::Exhausted,
@@ -153,6 +206,7 @@ impl Outcome {
         Outcome::NotReplayable,
         Outcome::Fenced,
         Outcome::NonRetryable,
+        Outcome::Cancelled,
     ];
 
     pub(crate) fn index(self) -> usize {
@@ -170,7 +224,8 @@ impl fmt::Display for Outcome {
 /// backoff, and the outcome.
 ///
 /// Its presence also tells an outer `SqliteRetryLayer` that an inner one already handled
-/// retries, so nested layers never multiply attempts.
+/// retries (besides the claim the inner layer makes on the way in), so nested layers never
+/// multiply attempts.
 ///
 /// ```
 /// # use tower_sqlite_retry::{Outcome, RetryOutcome};

@@ -1,31 +1,85 @@
-//! Buffering the request body for replay, within the caps, and the bodies handed to attempts.
+//! The request body each attempt gets: [`ReplayBody`].
+//!
+//! # How a body is kept for replay
+//!
+//! A replay needs the request body again, and a request body can be read only once. The layer
+//! keeps a copy in one of two ways, chosen per request:
+//!
+//! - **Buffered first** (the usual case). The body is read whole *before* the first attempt,
+//!   and before the inner service's readiness is reserved: a slow or stalled upload never holds
+//!   a concurrency limit or a queue slot inside the layer. Every attempt then gets the same
+//!   bytes, without a copy.
+//! - **Recorded as read**, for requests with `Expect: 100-continue`. Such a client waits for
+//!   the server's go-ahead before it uploads, so that a handler can refuse from the headers
+//!   alone (a `401`, a `413`) and the upload is never sent. Reading the body first would send
+//!   the go-ahead at once; instead the first attempt reads the client's body itself, and the
+//!   layer records what it reads. A replay gets the recorded bytes, then whatever the first
+//!   attempt left unread.
+//!
+//! Either way the copy is bounded: per request by
+//! [`RetryPolicy::max_body_bytes`](crate::RetryPolicy::max_body_bytes), and for all requests
+//! in flight through one layer by
+//! [`RetryPolicy::max_buffered_bytes`](crate::RetryPolicy::max_buffered_bytes), counted as the
+//! memory really held (the buffer's capacity, not the payload: a body sent in one-byte frames
+//! is copied into one buffer, never kept as a handle per frame). A body that would cross a cap
+//! is **passed through whole** to a single attempt (what was read, then the rest of the
+//! stream), never rejected; so is a body whose stream fails, and the error reaches the handler
+//! with its own type (a `LengthLimitError` from tower-http's `RequestBodyLimitLayer` still
+//! answers `413`).
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
+use std::fmt;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, ready};
 
-use axum::body::Body;
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http::HeaderMap;
-use http_body::{Body as HttpBody, Frame, SizeHint};
-use tower::BoxError;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
 
 use crate::metrics::Counters;
 
-/// Bytes counted against the layer's in-flight cap; given back on drop (also on panic or
+/// Bytes counted against a layer's in-flight cap; given back on drop (also on panic or
 /// cancellation), so the gauge never leaks.
 pub(crate) struct BufferPermit {
     counters: Arc<Counters>,
     bytes: usize,
 }
 
+impl BufferPermit {
+    pub(crate) fn new(counters: Arc<Counters>) -> Self {
+        Self { counters, bytes: 0 }
+    }
+
+    /// Counts `n` more bytes if the layer's total stays within `cap`.
+    fn grow(&mut self, n: usize, cap: usize) -> bool {
+        if n == 0 {
+            return true;
+        }
+        if !self.counters.try_reserve(n, cap) {
+            return false;
+        }
+        self.bytes += n;
+        true
+    }
+
+    fn shrink(&mut self, n: usize) {
+        let n = n.min(self.bytes);
+        if n > 0 {
+            self.counters.release(n);
+            self.bytes -= n;
+        }
+    }
+
+    fn release_all(&mut self) {
+        self.shrink(self.bytes);
+    }
+}
+
 impl Drop for BufferPermit {
     fn drop(&mut self) {
-        if self.bytes > 0 {
-            self.counters.release(self.bytes);
-        }
+        self.release_all();
     }
 }
 
@@ -51,11 +105,128 @@ impl NotReplayable {
     }
 }
 
-/// A fully buffered body, replayed for every attempt.
+/// The caps a copy of one body is held within.
+#[derive(Clone, Copy)]
+pub(crate) struct Caps {
+    /// The most payload one request may buffer (`max_body_bytes`).
+    pub(crate) body: usize,
+    /// The most memory all requests through the layer may hold (`max_buffered_bytes`).
+    pub(crate) in_flight: usize,
+}
+
+/// A growing copy of a body's bytes whose memory is counted against the caps.
+///
+/// A body that comes in one frame is kept as that frame (no copy). From the second frame on,
+/// everything is copied into one buffer that grows geometrically, never beyond the body cap nor
+/// beyond the declared length, and whose *capacity* is what the in-flight cap counts.
+struct Held {
+    first: Option<Bytes>,
+    buf: BytesMut,
+    /// Bytes in `first` or `buf`.
+    len: usize,
+    /// Bytes pushed since the start, taken ones included (what the body cap limits).
+    total: usize,
+    /// `Content-Length`, when the client declared one (never above the body cap here).
+    declared: Option<usize>,
+    permit: BufferPermit,
+    caps: Caps,
+}
+
+impl Held {
+    fn new(counters: Arc<Counters>, caps: Caps, declared: Option<usize>) -> Self {
+        Self {
+            first: None,
+            buf: BytesMut::new(),
+            len: 0,
+            total: 0,
+            declared,
+            permit: BufferPermit::new(counters),
+            caps,
+        }
+    }
+
+    /// Appends `data`; on `Err` nothing was appended, and the reason says which cap refused.
+    fn push(&mut self, data: &Bytes) -> Result<(), NotReplayable> {
+        let n = data.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let total = self.total.saturating_add(n);
+        if total > self.caps.body {
+            return Err(NotReplayable::StreamedOverCap);
+        }
+        let needed = self.len + n;
+        if self.len == 0 && self.buf.capacity() == 0 {
+            // The first frame: keep it as it is.
+            if !self.permit.grow(n, self.caps.in_flight) {
+                return Err(NotReplayable::InFlightCap);
+            }
+            self.first = Some(data.clone());
+        } else {
+            if needed > self.buf.capacity() {
+                // Grow geometrically (amortised copies), never past what this buffer can
+                // still be asked to hold (the declared length, else the body cap), and count
+                // the new buffer's capacity before it is allocated.
+                let taken = self.total - self.len;
+                let ceiling = self
+                    .declared
+                    .map(|d| d.saturating_sub(taken))
+                    .filter(|d| *d >= needed)
+                    .unwrap_or(self.caps.body - taken);
+                let cap = needed
+                    .max(self.buf.capacity().saturating_mul(2))
+                    .min(ceiling);
+                // The old buffer (or the first frame) is freed as soon as it is copied: count
+                // the difference.
+                let was = match &self.first {
+                    Some(first) => first.len(),
+                    None => self.buf.capacity(),
+                };
+                if !self
+                    .permit
+                    .grow(cap.saturating_sub(was), self.caps.in_flight)
+                {
+                    return Err(NotReplayable::InFlightCap);
+                }
+                let mut grown = BytesMut::with_capacity(cap);
+                match self.first.take() {
+                    Some(first) => grown.extend_from_slice(&first),
+                    None => grown.extend_from_slice(&self.buf),
+                }
+                self.buf = grown;
+                self.permit.shrink(was.saturating_sub(cap));
+            }
+            self.buf.extend_from_slice(data);
+        }
+        self.len = needed;
+        self.total = total;
+        Ok(())
+    }
+
+    /// What was pushed since the last `take`, as one `Bytes`. Its memory stays counted until
+    /// the permit drops (or `discard`).
+    fn take(&mut self) -> Bytes {
+        self.len = 0;
+        match self.first.take() {
+            Some(first) => first,
+            None => std::mem::take(&mut self.buf).freeze(),
+        }
+    }
+
+    /// Drops the copy and gives its memory back.
+    fn discard(&mut self) {
+        self.first = None;
+        self.buf = BytesMut::new();
+        self.len = 0;
+        self.permit.release_all();
+    }
+}
+
+/// A body read whole before the first attempt; every attempt gets the same bytes.
 pub(crate) struct Buffered {
-    pub(crate) data: Bytes,
-    pub(crate) trailers: Option<HeaderMap>,
-    pub(crate) _permit: Option<BufferPermit>,
+    data: Bytes,
+    trailers: Option<HeaderMap>,
+    _permit: Option<BufferPermit>,
 }
 
 impl Buffered {
@@ -67,97 +238,74 @@ impl Buffered {
         }
     }
 
-    /// A fresh body for one attempt: a refcount on the same bytes, never a copy.
-    pub(crate) fn body(&self) -> Body {
+    /// A fresh body for one attempt: a reference count on the same bytes, never a copy.
+    pub(crate) fn body<B: Body>(&self) -> ReplayBody<B> {
         if self.data.is_empty() && self.trailers.is_none() {
-            return Body::empty();
+            return ReplayBody::empty();
         }
-        Body::new(ReplayBody {
+        ReplayBody::from_kind(Kind::Buffered {
             data: Some(self.data.clone()).filter(|d| !d.is_empty()),
             trailers: self.trailers.clone(),
         })
     }
 }
 
-/// The outcome of reading the body.
-pub(crate) enum Collected {
+/// What reading a body whole came to.
+pub(crate) enum Collected<B: Body> {
+    /// Every attempt can have it.
     Replayable(Buffered),
-    PassThrough(Body, NotReplayable),
+    /// One attempt only: what was read, then the rest (or the error that stopped the reading).
+    PassThrough(ReplayBody<B>, NotReplayable),
 }
 
-/// Reads a body into memory frame by frame, within the per-request and in-flight caps. When a
-/// cap would be crossed it stops and hands back everything read so far plus the rest of the
-/// stream, so the handler still receives the body whole.
-pub(crate) struct Collector {
-    body: Option<Body>,
-    chunks: Vec<Bytes>,
-    len: usize,
+/// Reads a body whole, frame by frame, within the caps.
+pub(crate) struct Collector<B: Body> {
+    body: Option<Pin<Box<B>>>,
+    held: Held,
     trailers: Option<HeaderMap>,
-    permit: BufferPermit,
-    limit: usize,
-    in_flight_cap: usize,
 }
 
-impl Collector {
+impl<B: Body> Collector<B>
+where
+    B::Data: Buf,
+{
     pub(crate) fn new(
-        body: Body,
+        body: B,
         counters: Arc<Counters>,
-        limit: usize,
-        in_flight_cap: usize,
+        caps: Caps,
+        declared: Option<usize>,
     ) -> Self {
         Self {
-            body: Some(body),
-            chunks: Vec::new(),
-            len: 0,
+            body: Some(Box::pin(body)),
+            held: Held::new(counters, caps, declared),
             trailers: None,
-            permit: BufferPermit { counters, bytes: 0 },
-            limit,
-            in_flight_cap,
         }
     }
 
-    pub(crate) fn poll_collect(&mut self, cx: &mut Context<'_>) -> Poll<Collected> {
+    pub(crate) fn poll_collect(&mut self, cx: &mut Context<'_>) -> Poll<Collected<B>> {
         loop {
             let body = self.body.as_mut().expect("polled after completion");
-            let frame = match ready!(Pin::new(body).poll_frame(cx)) {
+            let frame = match ready!(body.as_mut().poll_frame(cx)) {
                 None => return Poll::Ready(Collected::Replayable(self.finish())),
                 Some(Ok(frame)) => frame,
                 Some(Err(e)) => {
                     return Poll::Ready(self.pass_through(None, Some(e), NotReplayable::BodyError));
                 }
             };
-            let frame = match frame.into_data() {
-                Ok(data) => {
-                    let n = data.len();
-                    if self.len.saturating_add(n) > self.limit {
-                        let frame = Frame::data(data);
-                        return Poll::Ready(self.pass_through(
-                            Some(frame),
-                            None,
-                            NotReplayable::StreamedOverCap,
-                        ));
+            match frame.into_data() {
+                Ok(mut data) => {
+                    let data = data.copy_to_bytes(data.remaining());
+                    if let Err(why) = self.held.push(&data) {
+                        return Poll::Ready(self.pass_through(Some(data), None, why));
                     }
-                    if !self.permit.counters.try_reserve(n, self.in_flight_cap) {
-                        let frame = Frame::data(data);
-                        return Poll::Ready(self.pass_through(
-                            Some(frame),
-                            None,
-                            NotReplayable::InFlightCap,
-                        ));
-                    }
-                    self.permit.bytes += n;
-                    self.len += n;
-                    if n > 0 {
-                        self.chunks.push(data);
-                    }
-                    continue;
                 }
-                Err(frame) => frame,
-            };
-            if let Ok(trailers) = frame.into_trailers() {
-                match &mut self.trailers {
-                    Some(t) => t.extend(trailers),
-                    None => self.trailers = Some(trailers),
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        match &mut self.trailers {
+                            Some(t) => t.extend(trailers),
+                            None => self.trailers = Some(trailers),
+                        }
+                    }
                 }
             }
         }
@@ -165,118 +313,383 @@ impl Collector {
 
     fn finish(&mut self) -> Buffered {
         self.body = None;
-        let data = match self.chunks.len() {
-            0 => Bytes::new(),
-            1 => self.chunks.pop().expect("one chunk"),
-            _ => {
-                let mut buf = BytesMut::with_capacity(self.len);
-                for c in self.chunks.drain(..) {
-                    buf.extend_from_slice(&c);
-                }
-                buf.freeze()
-            }
-        };
+        let data = self.held.take();
+        let counters = self.held.permit.counters.clone();
+        let permit = std::mem::replace(&mut self.held.permit, BufferPermit::new(counters));
         Buffered {
             data,
             trailers: self.trailers.take(),
-            _permit: Some(BufferPermit {
-                counters: self.permit.counters.clone(),
-                bytes: std::mem::take(&mut self.permit.bytes),
-            }),
+            _permit: Some(permit),
         }
     }
 
     fn pass_through(
         &mut self,
-        extra: Option<Frame<Bytes>>,
-        error: Option<axum::Error>,
+        pending: Option<Bytes>,
+        error: Option<B::Error>,
         why: NotReplayable,
-    ) -> Collected {
+    ) -> Collected<B> {
+        let prefix = Some(self.held.take()).filter(|b| !b.is_empty());
         // What was read is no longer held for replay: give it back to the in-flight cap.
-        self.permit.counters.release(self.permit.bytes);
-        self.permit.bytes = 0;
-        let mut prefix: VecDeque<Frame<Bytes>> = self.chunks.drain(..).map(Frame::data).collect();
-        prefix.extend(extra);
+        self.held.discard();
         let rest = if error.is_some() {
             None
         } else {
             self.body.take()
         };
-        let body = Body::new(PrefixedBody {
+        let body = ReplayBody::from_kind(Kind::Prefixed {
             prefix,
+            pending: pending.filter(|b| !b.is_empty()),
+            error,
             trailers: self.trailers.take(),
-            error: error.map(Into::into),
             rest,
         });
         Collected::PassThrough(body, why)
     }
 }
 
-/// The body of an attempt replayed from memory.
-struct ReplayBody {
-    data: Option<Bytes>,
-    trailers: Option<HeaderMap>,
+/// A body recorded while the first attempt reads it (`Expect: 100-continue`).
+pub(crate) struct Recording<B: Body> {
+    shared: Arc<Mutex<Recorder<B>>>,
 }
 
-impl HttpBody for ReplayBody {
+struct Recorder<B: Body> {
+    /// The client's body, until it ends or fails.
+    source: Option<Pin<Box<B>>>,
+    /// Recorded bytes, in order: frozen segments, then what `copy` holds.
+    segments: Vec<Bytes>,
+    held: Held,
+    trailers: Option<HeaderMap>,
+    /// `None` while a replay is possible; else why not.
+    lost: Option<NotReplayable>,
+    /// The newest attempt's body; older bodies read as ended.
+    generation: u32,
+}
+
+impl<B: Body> Recording<B>
+where
+    B::Data: Buf,
+{
+    pub(crate) fn new(
+        body: B,
+        counters: Arc<Counters>,
+        caps: Caps,
+        declared: Option<usize>,
+    ) -> Self {
+        Self {
+            shared: Arc::new(Mutex::new(Recorder {
+                source: Some(Box::pin(body)),
+                segments: Vec::new(),
+                held: Held::new(counters, caps, declared),
+                trailers: None,
+                lost: None,
+                generation: 0,
+            })),
+        }
+    }
+
+    /// Why a replay is impossible now, if it is.
+    pub(crate) fn not_replayable(&self) -> Option<NotReplayable> {
+        lock(&self.shared).lost
+    }
+
+    /// The body of the next attempt: the bytes recorded so far, then the rest of the stream.
+    /// Every earlier attempt's body reads as ended from now on.
+    pub(crate) fn body(&self) -> ReplayBody<B> {
+        let mut rec = lock(&self.shared);
+        rec.generation += 1;
+        let recorded = rec.held.len;
+        if recorded > 0 {
+            let tail = rec.held.take();
+            rec.segments.push(tail);
+        }
+        let replay: VecDeque<Bytes> = rec.segments.iter().cloned().collect();
+        ReplayBody::from_kind(Kind::Recording {
+            replay,
+            generation: rec.generation,
+            trailers_sent: false,
+            shared: self.shared.clone(),
+        })
+    }
+
+    /// Drops what was recorded (the request is over), even if a stale body lingers.
+    pub(crate) fn clear(&self) {
+        let mut rec = lock(&self.shared);
+        rec.generation = u32::MAX;
+        rec.segments = Vec::new();
+        rec.held.discard();
+        rec.lost.get_or_insert(NotReplayable::BodyError);
+    }
+}
+
+impl<B: Body> Recorder<B> {
+    fn record(&mut self, data: &Bytes) {
+        if self.lost.is_some() {
+            return;
+        }
+        if let Err(why) = self.held.push(data) {
+            self.give_up(why);
+        }
+    }
+
+    fn give_up(&mut self, why: NotReplayable) {
+        self.lost = Some(why);
+        self.segments = Vec::new();
+        self.held.discard();
+    }
+}
+
+fn lock<B: Body>(m: &Mutex<Recorder<B>>) -> MutexGuard<'_, Recorder<B>> {
+    m.lock().unwrap_or_else(|poisoned| {
+        // A panic while the lock was held (inside the client body's own `poll_frame`) may
+        // have left a frame unrecorded: never replay from a recording that may be incomplete.
+        let mut rec = poisoned.into_inner();
+        if rec.lost.is_none() {
+            rec.give_up(NotReplayable::BodyError);
+        }
+        rec
+    })
+}
+
+pin_project! {
+    /// The request body an attempt gets from [`SqliteRetry`](crate::SqliteRetry).
+    ///
+    /// It reads as the client's body did: the same bytes, the same trailers, the same
+    /// `size_hint` where the layer knows it, and the client body's own errors, with their type
+    /// (`Error = B::Error`). Depending on the request, it is a copy of a body buffered before
+    /// the first attempt, the client's body itself (requests that are not replayed), or the
+    /// client's body recorded as it is read (`Expect: 100-continue`); see the
+    /// [module docs](self).
+    ///
+    /// axum's `Router` and handlers accept it as they accept any body.
+    pub struct ReplayBody<B>
+    where
+        B: Body,
+    {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B>
+    where
+        B: Body,
+    {
+        Empty,
+        Buffered {
+            data: Option<Bytes>,
+            trailers: Option<HeaderMap>,
+        },
+        Direct {
+            #[pin]
+            body: B,
+        },
+        Prefixed {
+            prefix: Option<Bytes>,
+            pending: Option<Bytes>,
+            error: Option<B::Error>,
+            trailers: Option<HeaderMap>,
+            rest: Option<Pin<Box<B>>>,
+        },
+        Recording {
+            replay: VecDeque<Bytes>,
+            generation: u32,
+            trailers_sent: bool,
+            shared: Arc<Mutex<Recorder<B>>>,
+        },
+    }
+}
+
+impl<B: Body> ReplayBody<B> {
+    fn from_kind(kind: Kind<B>) -> Self {
+        Self { kind }
+    }
+
+    pub(crate) fn empty() -> Self {
+        Self::from_kind(Kind::Empty)
+    }
+
+    /// The client's body, untouched (a request that is not replayed).
+    pub(crate) fn direct(body: B) -> Self {
+        Self::from_kind(Kind::Direct { body })
+    }
+}
+
+fn to_bytes<D: Buf>(frame: Frame<D>) -> Frame<Bytes> {
+    frame.map_data(|mut d| d.copy_to_bytes(d.remaining()))
+}
+
+impl<B> Body for ReplayBody<B>
+where
+    B: Body,
+    B::Data: Buf,
+{
     type Data = Bytes;
-    type Error = Infallible;
+    type Error = B::Error;
 
     fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        if let Some(data) = self.data.take() {
-            return Poll::Ready(Some(Ok(Frame::data(data))));
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        match self.project().kind.project() {
+            KindProj::Empty => Poll::Ready(None),
+            KindProj::Buffered { data, trailers } => {
+                if let Some(data) = data.take() {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t))))
+            }
+            KindProj::Direct { body } => body.poll_frame(cx).map(|f| f.map(|f| f.map(to_bytes))),
+            KindProj::Prefixed {
+                prefix,
+                pending,
+                error,
+                trailers,
+                rest,
+            } => {
+                if let Some(data) = prefix.take().or_else(|| pending.take()) {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                if let Some(e) = error.take() {
+                    return Poll::Ready(Some(Err(e)));
+                }
+                if let Some(body) = rest.as_mut() {
+                    match ready!(body.as_mut().poll_frame(cx)) {
+                        Some(frame) => return Poll::Ready(Some(frame.map(to_bytes))),
+                        None => *rest = None,
+                    }
+                }
+                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t))))
+            }
+            KindProj::Recording {
+                replay,
+                generation,
+                trailers_sent,
+                shared,
+            } => {
+                if let Some(data) = replay.pop_front() {
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                let mut rec = lock(shared);
+                if rec.generation != *generation {
+                    // A newer attempt has the body now.
+                    return Poll::Ready(None);
+                }
+                let Some(source) = rec.source.as_mut() else {
+                    if *trailers_sent {
+                        return Poll::Ready(None);
+                    }
+                    *trailers_sent = true;
+                    return Poll::Ready(rec.trailers.clone().map(|t| Ok(Frame::trailers(t))));
+                };
+                match ready!(source.as_mut().poll_frame(cx)) {
+                    None => {
+                        rec.source = None;
+                        *trailers_sent = true;
+                        Poll::Ready(None)
+                    }
+                    Some(Err(e)) => {
+                        rec.source = None;
+                        rec.give_up(NotReplayable::BodyError);
+                        Poll::Ready(Some(Err(e)))
+                    }
+                    Some(Ok(frame)) => {
+                        let frame = to_bytes(frame);
+                        if let Some(data) = frame.data_ref() {
+                            rec.record(data);
+                        } else if let Some(t) = frame.trailers_ref() {
+                            match &mut rec.trailers {
+                                Some(all) => all.extend(t.clone()),
+                                None => rec.trailers = Some(t.clone()),
+                            }
+                            *trailers_sent = true;
+                        }
+                        Poll::Ready(Some(Ok(frame)))
+                    }
+                }
+            }
         }
-        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.data.is_none() && self.trailers.is_none()
+        match &self.kind {
+            Kind::Empty => true,
+            Kind::Buffered { data, trailers } => data.is_none() && trailers.is_none(),
+            Kind::Direct { body } => body.is_end_stream(),
+            Kind::Prefixed {
+                prefix,
+                pending,
+                error,
+                trailers,
+                rest,
+            } => {
+                prefix.is_none()
+                    && pending.is_none()
+                    && error.is_none()
+                    && trailers.is_none()
+                    && rest.as_ref().is_none_or(|r| r.is_end_stream())
+            }
+            Kind::Recording { .. } => false,
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
-    }
-}
-
-/// A body that was partly read: the frames already read, then the rest of the stream (or the
-/// error that stopped the reading).
-struct PrefixedBody {
-    prefix: VecDeque<Frame<Bytes>>,
-    trailers: Option<HeaderMap>,
-    error: Option<BoxError>,
-    rest: Option<Body>,
-}
-
-impl HttpBody for PrefixedBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if let Some(frame) = self.prefix.pop_front() {
-            return Poll::Ready(Some(Ok(frame)));
-        }
-        if let Some(e) = self.error.take() {
-            return Poll::Ready(Some(Err(e)));
-        }
-        if let Some(rest) = self.rest.as_mut() {
-            match ready!(Pin::new(rest).poll_frame(cx)) {
-                Some(r) => return Poll::Ready(Some(r.map_err(Into::into))),
-                None => self.rest = None,
+        match &self.kind {
+            Kind::Empty => SizeHint::with_exact(0),
+            Kind::Buffered { data, .. } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            Kind::Direct { body } => body.size_hint(),
+            Kind::Prefixed {
+                prefix,
+                pending,
+                rest,
+                ..
+            } => {
+                let known =
+                    prefix.as_ref().map_or(0, Bytes::len) + pending.as_ref().map_or(0, Bytes::len);
+                let mut hint = rest
+                    .as_ref()
+                    .map_or(SizeHint::with_exact(0), |r| r.size_hint());
+                hint.set_lower(hint.lower().saturating_add(known as u64));
+                if let Some(upper) = hint.upper() {
+                    hint.set_upper(upper.saturating_add(known as u64));
+                }
+                hint
+            }
+            Kind::Recording {
+                replay,
+                generation,
+                shared,
+                ..
+            } => {
+                let replayed: usize = replay.iter().map(Bytes::len).sum();
+                let rec = lock(shared);
+                let mut hint = match rec.source.as_ref() {
+                    Some(s) if rec.generation == *generation => s.size_hint(),
+                    _ => SizeHint::with_exact(0),
+                };
+                hint.set_lower(hint.lower().saturating_add(replayed as u64));
+                if let Some(upper) = hint.upper() {
+                    hint.set_upper(upper.saturating_add(replayed as u64));
+                }
+                hint
             }
         }
-        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))))
     }
+}
 
-    fn is_end_stream(&self) -> bool {
-        self.prefix.is_empty()
-            && self.error.is_none()
-            && self.trailers.is_none()
-            && self.rest.as_ref().is_none_or(|r| r.is_end_stream())
+impl<B: Body> fmt::Debug for ReplayBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match &self.kind {
+            Kind::Empty => "empty",
+            Kind::Buffered { .. } => "buffered",
+            Kind::Direct { .. } => "direct",
+            Kind::Prefixed { .. } => "prefixed",
+            Kind::Recording { .. } => "recording",
+        };
+        f.debug_struct("ReplayBody").field("kind", &kind).finish()
     }
 }

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use axum::response::{IntoResponse, Response};
-use http::{HeaderValue, StatusCode, header};
+use http::StatusCode;
 
 use crate::classify::{Retryable, classify, database_code, is_constraint_violation};
 
@@ -13,7 +13,7 @@ use crate::classify::{Retryable, classify, database_code, is_constraint_violatio
 ///
 /// | error | status | body |
 /// |---|---|---|
-/// | retryable ([`classify`]) | `503 Service Unavailable`, `Retry-After: 1`, and the [`Retryable`] marker that makes the layer replay the request | `service busy, retry later` |
+/// | retryable ([`classify`]) | `503 Service Unavailable` and the [`Retryable`] marker that makes the layer replay the request (when the layer gives up it adds `Retry-After`, unless the handler fenced) | `service busy, retry later` |
 /// | constraint violation | `409 Conflict` | `conflict` |
 /// | anything else | `500 Internal Server Error` | `internal error` |
 ///
@@ -179,8 +179,9 @@ impl IntoResponse for DbError {
         };
         let mut res = (status, body).into_response();
         if let Kind::Retryable(r) = self.kind {
-            res.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            // No `Retry-After` here: the layer adds one where a later try can succeed (never
+            // after `Attempt::fence`), spread so that clients turned away together do not come
+            // back together.
             res.extensions_mut().insert(r);
         }
         res

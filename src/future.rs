@@ -1,27 +1,52 @@
-//! [`ResponseFuture`]: the state machine that buffers, calls, backs off and replays.
+//! [`ResponseFuture`]: the state machine that buffers, waits, calls, backs off and replays.
+//!
+//! ```text
+//!            ┌───────────┐ body read whole (or passed through)
+//!  new ──────► Buffering ├──────────────────────┐
+//!    │       └───────────┘                      ▼
+//!    │ nothing to buffer                  ┌──────────┐  inner ready: attempt n
+//!    └────────────────────────────────────►  Ready   ├───────────────────────┐
+//!                                         └────▲─────┘                       ▼
+//!                                  gate passed │ (or no gate)          ┌──────────┐
+//!                                         ┌────┴─────┐                 │  Called  │
+//!                                         │   Gate   │                 └────┬─────┘
+//!                                         └────▲─────┘   decide: Retry      │
+//!                                              │      ┌─────────┐           │
+//!                                              └──────┤ Backoff ◄───────────┤
+//!                                         slept       └─────────┘           │ decide: Finish
+//!                                                                           ▼
+//!                                                                         Done
+//! ```
+//!
+//! The waits (`Ready`, `Gate`) race the deadline: past it, the last retryable failure is the
+//! answer (outcome `deadline`). What to do after an attempt is decided in `decide.rs`; this
+//! file only moves between states and records what happened.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::extract::MatchedPath;
+use bytes::Buf;
 use http::request::Parts;
-use http::{Method, Request, Response};
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body::Body;
 use pin_project_lite::pin_project;
+use rand::RngExt;
 use tokio::sync::{AcquireError, OwnedSemaphorePermit};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 use tracing::Span;
 
-use crate::attempt::{Attempt, Outcome, RetryOutcome};
-use crate::body::{Buffered, Collected, Collector, NotReplayable};
+use crate::attempt::{Attempt, Outcome, RequestState, RetryOutcome};
+use crate::body::{Buffered, Caps, Collected, Collector, NotReplayable, Recording, ReplayBody};
 use crate::classify::{ClassifyError, Retryable};
+use crate::decide::{After, Decision, Verdict, decide, gave_up, invites_retry};
 use crate::layer::Shared;
+use crate::recorder;
+use crate::route::Route;
 
 type GateAcquire =
     Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send + 'static>>;
@@ -29,44 +54,83 @@ type GateAcquire =
 pin_project! {
     /// The response future of [`SqliteRetry`](crate::SqliteRetry).
     ///
-    /// Dropping it stops everything: no further attempt starts, a pending backoff is
-    /// cancelled, and buffered bytes are given back to the layer's in-flight cap.
-    pub struct ResponseFuture<S, C>
+    /// Dropping it stops everything: no further attempt starts, a pending backoff or wait is
+    /// cancelled, buffered bytes are given back to the layer's in-flight cap, and the request
+    /// is counted with outcome `cancelled`.
+    #[project = Proj]
+    pub struct ResponseFuture<S, C, B>
     where
-        S: Service<Request<Body>>,
+        S: Service<Request<ReplayBody<B>>>,
+        B: Body,
     {
         #[pin]
         state: State<S::Future>,
+        // The deadline, armed the first time a wait is pending.
+        #[pin]
+        timer: Option<Sleep>,
         service: S,
         classifier: C,
         shared: Arc<Shared>,
         // The pristine request head; every attempt gets a copy (the last possible one gets
         // the original).
         head: Option<Parts>,
-        body: Source,
+        body: Source<B>,
+        // Shared with this request's attempts (the fence; an inner layer's claim).
+        request: Option<Arc<RequestState>>,
+        // An outer layer's request this layer took over, to report the outcome to.
+        outer: Option<Arc<RequestState>>,
         attempt: u32,
         max_attempts: u32,
         start: Instant,
         deadline: Option<Instant>,
         prev_delay: Duration,
         total_delay: Duration,
-        fence: Option<Arc<AtomicBool>>,
         gate_permit: Option<OwnedSemaphorePermit>,
-        // For the events, so they stand on their own when the span is filtered out.
-        method: Method,
-        route: Option<MatchedPath>,
+        // The last retryable failure, kept until the next attempt starts: the answer if the
+        // deadline passes in between.
+        last: Option<Result<S::Response, S::Error>>,
+        reason: Option<Retryable>,
+        route: Route,
         span: Span,
+        done: bool,
+    }
+
+    impl<S, C, B> PinnedDrop for ResponseFuture<S, C, B>
+    where
+        S: Service<Request<ReplayBody<B>>>,
+        B: Body,
+    {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if *this.done {
+                return;
+            }
+            let _entered = this.span.enter();
+            let attempts = *this.attempt;
+            tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
+                retry.attempts = attempts,
+                http.request.method = %this.route.method,
+                http.route = this.route.path(),
+                "request cancelled"
+            );
+            record_end(this.span, this.shared, this.route, this.outer.as_deref(), Outcome::Cancelled, attempts, this.reason.as_ref(), *this.total_delay);
+            if let Source::Recording(r) = this.body {
+                r.clear();
+            }
+        }
     }
 }
 
 /// Where attempts get their body from.
-enum Source {
-    /// Still being read (state `Buffering`).
-    Reading(Collector),
-    /// Buffered: every attempt gets a copy-free body.
-    Replay(Buffered),
-    /// Handed to the one and only attempt, untouched (or partly read, then prefixed).
-    Once(Option<Body>, Option<NotReplayable>),
+enum Source<B: Body> {
+    /// Being read whole (state `Buffering`).
+    Collecting(Collector<B>),
+    /// Read whole: every attempt gets the same bytes.
+    Buffered(Buffered),
+    /// Recorded as the first attempt reads it (`Expect: 100-continue`).
+    Recording(Recording<B>),
+    /// For one attempt only, and why (`None`: the policy allows one attempt).
+    Once(Option<ReplayBody<B>>, Option<NotReplayable>),
 }
 
 pin_project! {
@@ -76,104 +140,131 @@ pin_project! {
         Gate { acquire: GateAcquire },
         Ready,
         Called { #[pin] future: F },
-        Sleeping { #[pin] sleep: Sleep },
+        Backoff { #[pin] sleep: Sleep },
         Done,
     }
 }
 
-impl<S, C> ResponseFuture<S, C>
+impl<S, C, B> ResponseFuture<S, C, B>
 where
-    S: Service<Request<Body>>,
+    S: Service<Request<ReplayBody<B>>>,
+    B: Body,
+    B::Data: Buf,
 {
-    pub(crate) fn new(service: S, classifier: C, shared: Arc<Shared>, req: Request<Body>) -> Self {
+    pub(crate) fn new(service: S, classifier: C, shared: Arc<Shared>, req: Request<B>) -> Self {
         let policy = &shared.policy;
         let max_attempts = policy.max_attempts;
         let (head, body) = req.into_parts();
-        let route = head.extensions.get::<MatchedPath>().cloned();
-        let method = head.method.clone();
+        let route = Route::of(&head);
         let span = tracing::info_span!(
             target: "tower_sqlite_retry",
             "sqlite_retry",
             http.request.method = %head.method,
-            http.route = route.as_ref().map(MatchedPath::as_str),
+            http.route = route.path(),
             retry.max_attempts = max_attempts,
             retry.attempts = tracing::field::Empty,
             retry.outcome = tracing::field::Empty,
+            http.request.resend_count = tracing::field::Empty,
+            db.response.status_code = tracing::field::Empty,
+            error.type = tracing::field::Empty,
         );
         shared.counters.request();
         if let Some(budget) = &policy.budget {
             budget.deposit();
         }
-        let start = Instant::now();
-        let deadline = start.checked_add(policy.deadline);
+        // NOTE: nested layers. An outer layer's attempt carries its `Attempt`: take the request
+        // over, so that the outer layer passes this layer's answer through (responses and
+        // errors alike) instead of replaying on top of it.
+        let outer = head
+            .extensions
+            .get::<Attempt>()
+            .and_then(|a| a.request_state().cloned());
+        if let Some(outer) = &outer {
+            outer.claim();
+        }
 
-        let upgrade = head.method == http::Method::CONNECT
-            || head.headers.contains_key(http::header::UPGRADE);
+        let upgrade = head.method == Method::CONNECT || head.headers.contains_key(header::UPGRADE);
         let declared = head
             .headers
-            .get(http::header::CONTENT_LENGTH)
+            .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         let over_cap = |n: u64| usize::try_from(n).map_or(true, |n| n > policy.max_body_bytes);
-
-        let (source, state, fence) = if max_attempts <= 1 {
-            (Source::Once(Some(body), None), State::Ready, None)
+        let declared_over_cap =
+            declared.is_some_and(over_cap) || over_cap(body.size_hint().lower());
+        let expect_continue = head
+            .headers
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        let caps = Caps {
+            body: policy.max_body_bytes,
+            in_flight: policy.max_buffered_bytes,
+        };
+        let declared = declared.and_then(|n| usize::try_from(n).ok());
+        let pass = |why: Option<NotReplayable>, body: B| {
+            if let Some(why) = why {
+                let _e = span.enter();
+                tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
+                    retry.not_replayable = why.as_str(),
+                    "passing through without retries"
+                );
+            }
+            (
+                Source::Once(Some(ReplayBody::direct(body)), why),
+                State::Ready,
+                None,
+            )
+        };
+        let replayable = || Some(Arc::new(RequestState::default()));
+        let (source, state, request) = if max_attempts <= 1 {
+            pass(None, body)
         } else if upgrade {
-            let _e = span.enter();
-            tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG, retry.not_replayable = "upgrade_or_connect", "passing through without retries");
+            pass(Some(NotReplayable::Upgrade), body)
+        } else if declared_over_cap {
+            pass(Some(NotReplayable::DeclaredOverCap), body)
+        } else if body.is_end_stream() {
             (
-                Source::Once(Some(body), Some(NotReplayable::Upgrade)),
+                Source::Buffered(Buffered::empty()),
                 State::Ready,
-                None,
+                replayable(),
             )
-        } else if declared.is_some_and(over_cap)
-            || over_cap(http_body::Body::size_hint(&body).lower())
-        {
-            let _e = span.enter();
-            tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG, retry.not_replayable = "content_length_over_cap", "passing through without retries");
-            (
-                Source::Once(Some(body), Some(NotReplayable::DeclaredOverCap)),
-                State::Ready,
-                None,
-            )
-        } else if http_body::Body::is_end_stream(&body) {
-            (
-                Source::Replay(Buffered::empty()),
-                State::Ready,
-                Some(Arc::new(AtomicBool::new(false))),
-            )
+        } else if expect_continue {
+            // The client waits for the go-ahead: let the first attempt read (and so ask for)
+            // the body, and record it as it goes.
+            let recording = Recording::new(body, shared.counters.clone(), caps, declared);
+            (Source::Recording(recording), State::Ready, replayable())
         } else {
-            let collector = Collector::new(
-                body,
-                shared.counters.clone(),
-                policy.max_body_bytes,
-                policy.max_buffered_bytes,
-            );
+            let collector = Collector::new(body, shared.counters.clone(), caps, declared);
             (
-                Source::Reading(collector),
+                Source::Collecting(collector),
                 State::Buffering,
-                Some(Arc::new(AtomicBool::new(false))),
+                replayable(),
             )
         };
 
+        let start = Instant::now();
         Self {
             state,
+            timer: None,
             service,
             classifier,
-            shared,
             head: Some(head),
             body: source,
+            request,
+            outer,
             attempt: 0,
             max_attempts,
             start,
-            deadline,
+            deadline: start.checked_add(shared.policy.deadline),
             prev_delay: Duration::ZERO,
             total_delay: Duration::ZERO,
-            fence,
             gate_permit: None,
-            method,
+            last: None,
+            reason: None,
             route,
             span,
+            done: false,
+            shared,
         }
     }
 }
@@ -194,24 +285,51 @@ fn is_failure<B>(res: &Response<B>) -> bool {
     res.status().is_client_error() || res.status().is_server_error()
 }
 
-impl<S, C, ResBody> Future for ResponseFuture<S, C>
+/// Polls the deadline (arming it the first time); true once it has passed.
+fn deadline_passed(
+    mut timer: Pin<&mut Option<Sleep>>,
+    deadline: Option<Instant>,
+    cx: &mut Context<'_>,
+) -> bool {
+    let Some(deadline) = deadline else {
+        return false;
+    };
+    if timer.is_none() {
+        timer.set(Some(tokio::time::sleep_until(deadline)));
+    }
+    timer
+        .as_pin_mut()
+        .is_some_and(|sleep| sleep.poll(cx).is_ready())
+}
+
+/// A `Retry-After` of 1 to 3 seconds, drawn per answer so that a burst of clients turned away
+/// together does not come back together.
+fn retry_after() -> HeaderValue {
+    HeaderValue::from(rand::rng().random_range(1u32..=3))
+}
+
+impl<S, C, B, ResBody> Future for ResponseFuture<S, C, B>
 where
-    S: Service<Request<Body>, Response = Response<ResBody>>,
+    S: Service<Request<ReplayBody<B>>, Response = Response<ResBody>>,
     C: ClassifyError<S::Error>,
+    B: Body,
+    B::Data: Buf,
+    ResBody: Default,
 {
     type Output = Result<Response<ResBody>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        let _entered = this.span.enter();
+        let span = this.span.clone();
+        let _entered = span.enter();
         loop {
             match this.state.as_mut().project() {
                 StateProj::Buffering => {
-                    let Source::Reading(collector) = this.body else {
+                    let Source::Collecting(collector) = this.body else {
                         unreachable!("Buffering state holds a collector");
                     };
                     *this.body = match ready!(collector.poll_collect(cx)) {
-                        Collected::Replayable(buffered) => Source::Replay(buffered),
+                        Collected::Replayable(buffered) => Source::Buffered(buffered),
                         Collected::PassThrough(body, why) => {
                             tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
                                 retry.not_replayable = why.as_str(),
@@ -220,178 +338,118 @@ where
                             Source::Once(Some(body), Some(why))
                         }
                     };
+                    // The deadline runs from here: the upload's pace was the client's.
+                    *this.start = Instant::now();
+                    *this.deadline = this.start.checked_add(this.shared.policy.deadline);
                     this.state.set(State::Ready);
                 }
-                StateProj::Gate { acquire } => {
-                    // The semaphore lives as long as the layer and is never closed.
-                    let permit = ready!(acquire.as_mut().poll(cx)).expect("gate never closed");
-                    *this.gate_permit = Some(permit);
-                    this.state.set(State::Ready);
-                }
+                StateProj::Gate { acquire } => match acquire.as_mut().poll(cx) {
+                    Poll::Ready(permit) => {
+                        // The semaphore lives as long as the layer and is never closed.
+                        *this.gate_permit = Some(permit.expect("gate never closed"));
+                        this.state.set(State::Ready);
+                    }
+                    Poll::Pending => {
+                        if deadline_passed(this.timer.as_mut(), *this.deadline, cx) {
+                            return Poll::Ready(this.at_deadline());
+                        }
+                        return Poll::Pending;
+                    }
+                },
                 StateProj::Ready => {
                     // NOTE: tower's rule for a service used more than once: readiness is
-                    // polled before every call, the first included. `this.service` is the
-                    // instance `SqliteRetry::call` took ready with `mem::replace`, so for the
-                    // first attempt this returns at once.
-                    if let Err(e) = ready!(this.service.poll_ready(cx)) {
-                        *this.gate_permit = None;
-                        let outcome = if *this.attempt == 0 {
-                            Outcome::FirstTry
-                        } else {
-                            Outcome::NonRetryable
-                        };
-                        finish_span(this.span, this.shared, outcome, (*this.attempt).max(1));
-                        this.state.set(State::Done);
-                        return Poll::Ready(Err(e));
+                    // polled before every call, the first included, on the very instance that
+                    // is then called. `SqliteRetry::poll_ready` reserved nothing, so a slow
+                    // upload never held the inner service's capacity while it was buffered.
+                    match this.service.poll_ready(cx) {
+                        Poll::Ready(Ok(())) => {}
+                        Poll::Ready(Err(e)) => {
+                            *this.gate_permit = None;
+                            let attempts = *this.attempt;
+                            return Poll::Ready(this.finish(
+                                Err(e),
+                                Outcome::NonRetryable,
+                                attempts,
+                            ));
+                        }
+                        Poll::Pending => {
+                            if deadline_passed(this.timer.as_mut(), *this.deadline, cx) {
+                                *this.gate_permit = None;
+                                return Poll::Ready(this.at_deadline());
+                            }
+                            return Poll::Pending;
+                        }
                     }
-                    *this.attempt += 1;
-                    let n = *this.attempt;
-                    let (body, last) = match this.body {
-                        Source::Replay(buffered) => (buffered.body(), n >= *this.max_attempts),
-                        Source::Once(body, _) => (body.take().expect("one attempt only"), true),
-                        Source::Reading(_) => unreachable!("body read before the first call"),
-                    };
-                    let mut req = if last {
-                        let head = this.head.take().expect("head kept until the last attempt");
-                        Request::from_parts(head, body)
-                    } else {
-                        let head = this
-                            .head
-                            .as_ref()
-                            .expect("head kept until the last attempt");
-                        copy_head(head).map(|()| body)
-                    };
-                    req.extensions_mut().insert(Attempt::new(
-                        n,
-                        *this.max_attempts,
-                        this.fence.clone(),
-                    ));
+                    let req = this.next_attempt();
                     let future = this.service.call(req);
                     this.state.set(State::Called { future });
                 }
                 StateProj::Called { future } => {
                     let result = ready!(future.poll(cx));
                     *this.gate_permit = None;
-                    let n = *this.attempt;
-                    let reason = match &result {
-                        Ok(res) => {
-                            if let Some(inner) = res.extensions().get::<RetryOutcome>() {
-                                // NOTE: an inner SqliteRetryLayer already retried; never
-                                // multiply its attempts: pass its answer through.
-                                let inner = *inner;
-                                finish_span(this.span, this.shared, inner.outcome, inner.attempts);
-                                this.state.set(State::Done);
-                                return Poll::Ready(result);
-                            }
-                            res.extensions().get::<Retryable>().cloned()
-                        }
-                        Err(e) => this.classifier.classify_error(e),
-                    };
-                    let Some(reason) = reason else {
-                        let outcome = match &result {
-                            _ if n == 1 => Outcome::FirstTry,
-                            Ok(res) if !is_failure(res) => Outcome::SucceededAfterRetry,
-                            _ => Outcome::NonRetryable,
-                        };
-                        this.state.set(State::Done);
-                        return Poll::Ready(finish(
-                            result,
-                            this.span,
-                            this.shared,
-                            outcome,
-                            n,
-                            *this.total_delay,
-                        ));
-                    };
-                    let elapsed = this.start.elapsed();
-                    let policy = &this.shared.policy;
-                    let stop = if let Source::Once(_, why) = this.body {
-                        Some(if why.is_some() {
-                            Outcome::NotReplayable
-                        } else {
-                            Outcome::Exhausted
-                        })
-                    } else if this
-                        .fence
-                        .as_ref()
-                        .is_some_and(|f| f.load(std::sync::atomic::Ordering::Acquire))
-                    {
-                        Some(Outcome::Fenced)
-                    } else if n >= *this.max_attempts {
-                        Some(Outcome::Exhausted)
-                    } else {
-                        None
-                    };
-                    // The backoff is drawn only when nothing else has stopped the retries
-                    // (the delay is unused once `stop` is set).
-                    let (stop, delay) = match stop {
-                        Some(outcome) => (Some(outcome), Duration::ZERO),
-                        None => {
-                            let delay = policy.delay(n, *this.prev_delay, &mut rand::rng());
-                            let past_deadline = this.deadline.is_some_and(|d| {
-                                Instant::now().checked_add(delay).is_none_or(|end| end > d)
-                            });
-                            let stop = if past_deadline {
-                                Some(Outcome::Deadline)
-                            } else if policy.budget.as_ref().is_some_and(|b| !b.withdraw()) {
-                                Some(Outcome::BudgetExhausted)
-                            } else {
-                                None
-                            };
-                            (stop, delay)
-                        }
-                    };
-                    if let Some(outcome) = stop {
-                        let elapsed_ms = elapsed.as_millis() as u64;
-                        macro_rules! stop_event {
-                            ($level:expr, $message:literal) => {
-                                tracing::event!(target: "tower_sqlite_retry", $level,
-                                    retry.attempts = n,
-                                    retry.elapsed_ms = elapsed_ms,
-                                    retry.outcome = outcome.as_str(),
-                                    db.response.status_code = reason.code(),
-                                    error.type = reason.name(),
-                                    http.request.method = %this.method,
-                                    http.route = this.route.as_ref().map(MatchedPath::as_str),
-                                    $message
-                                )
-                            };
-                        }
-                        match outcome {
-                            Outcome::Exhausted | Outcome::Deadline => {
-                                stop_event!(tracing::Level::ERROR, "retries exhausted")
-                            }
-                            _ => stop_event!(tracing::Level::WARN, "not retried"),
-                        }
-                        this.state.set(State::Done);
-                        return Poll::Ready(finish(
-                            result,
-                            this.span,
-                            this.shared,
-                            outcome,
-                            n,
-                            *this.total_delay,
-                        ));
+                    if let Some((outcome, attempts)) = this.inner_answered(&result) {
+                        // NOTE: an inner layer retried (or chose not to): its answer is this
+                        // layer's answer, as it is. Never multiply its attempts.
+                        this.end(outcome, attempts);
+                        return Poll::Ready(result);
                     }
-                    tracing::event!(target: "tower_sqlite_retry", tracing::Level::WARN,
-                        retry.attempt = n,
-                        retry.delay_ms = delay.as_secs_f64() * 1000.0,
-                        retry.elapsed_ms = elapsed.as_millis() as u64,
-                        db.response.status_code = reason.code(),
-                        error.type = reason.name(),
-                        http.request.method = %this.method,
-                        http.route = this.route.as_ref().map(MatchedPath::as_str),
-                        "retrying request"
+                    let (verdict, reason) = match &result {
+                        Ok(res) => match res.extensions().get::<Retryable>() {
+                            Some(r) => (Verdict::Retryable, Some(r.clone())),
+                            None => (
+                                Verdict::Final {
+                                    failed: is_failure(res),
+                                },
+                                None,
+                            ),
+                        },
+                        Err(e) => match this.classifier.classify_error(e) {
+                            Some(r) => (Verdict::Retryable, Some(r)),
+                            None => (Verdict::Final { failed: true }, None),
+                        },
+                    };
+                    if reason.is_some() {
+                        *this.reason = reason;
+                    }
+                    let n = *this.attempt;
+                    let policy = &this.shared.policy;
+                    let not_replayable =
+                        matches!(this.body, Source::Once(..)) || this.not_replayable().is_some();
+                    let after = After {
+                        attempt: n,
+                        max_attempts: *this.max_attempts,
+                        verdict,
+                        not_replayable,
+                        fenced: this.request.as_ref().is_some_and(|r| r.is_fenced()),
+                        remaining: this
+                            .deadline
+                            .map(|d| d.saturating_duration_since(Instant::now())),
+                    };
+                    let prev = *this.prev_delay;
+                    let decision = decide(
+                        after,
+                        || policy.delay(n, prev, &mut rand::rng()),
+                        || policy.budget.as_ref().is_none_or(|b| b.withdraw()),
                     );
-                    this.shared.counters.retry();
-                    // The failed attempt's response is dropped here, before the backoff.
-                    drop(result);
-                    *this.prev_delay = delay;
-                    *this.total_delay = this.total_delay.saturating_add(delay);
-                    let sleep = tokio::time::sleep(delay);
-                    this.state.set(State::Sleeping { sleep });
+                    match decision {
+                        Decision::Finish(outcome) => {
+                            if verdict == Verdict::Retryable && gave_up(outcome) {
+                                this.gave_up_event(outcome, n);
+                            }
+                            return Poll::Ready(this.finish(result, outcome, n));
+                        }
+                        Decision::Retry { delay } => {
+                            this.replay_event(n, delay);
+                            *this.last = Some(result);
+                            *this.prev_delay = delay;
+                            *this.total_delay = this.total_delay.saturating_add(delay);
+                            this.state.set(State::Backoff {
+                                sleep: tokio::time::sleep(delay),
+                            });
+                        }
+                    }
                 }
-                StateProj::Sleeping { sleep } => {
+                StateProj::Backoff { sleep } => {
                     ready!(sleep.poll(cx));
                     match &this.shared.gate {
                         Some(gate) => {
@@ -407,44 +465,233 @@ where
     }
 }
 
-fn finish_span(span: &Span, shared: &Shared, outcome: Outcome, attempts: u32) {
-    span.record("retry.attempts", attempts);
-    span.record("retry.outcome", outcome.as_str());
-    shared.counters.finished(outcome, attempts);
-}
-
-fn finish<B, E>(
-    result: Result<Response<B>, E>,
-    span: &Span,
-    shared: &Shared,
-    outcome: Outcome,
-    attempts: u32,
-    total_delay: Duration,
-) -> Result<Response<B>, E> {
-    finish_span(span, shared, outcome, attempts);
-    result.map(|mut res| {
-        // A retryable failure the layer gives up on tells the client when to come back, even
-        // when the handler's own error type forgot to.
-        if res.extensions().get::<Retryable>().is_some()
-            && !res.headers().contains_key(http::header::RETRY_AFTER)
-        {
-            res.headers_mut().insert(
-                http::header::RETRY_AFTER,
-                http::HeaderValue::from_static("1"),
+impl<S, C, B, ResBody> Proj<'_, S, C, B>
+where
+    S: Service<Request<ReplayBody<B>>, Response = Response<ResBody>>,
+    B: Body,
+    B::Data: Buf,
+    ResBody: Default,
+{
+    /// The request for the next attempt (counting it).
+    fn next_attempt(&mut self) -> Request<ReplayBody<B>> {
+        *self.attempt += 1;
+        let n = *self.attempt;
+        if n > 1 {
+            self.shared.counters.retry();
+            recorder::replay(
+                self.route.path(),
+                &self.route.method,
+                self.reason.as_ref().map_or("", Retryable::name),
             );
         }
-        res.extensions_mut().insert(RetryOutcome {
-            attempts,
-            total_delay,
-            outcome,
+        // The previous failure is no longer the answer: a new attempt starts.
+        *self.last = None;
+        let (body, last) = match self.body {
+            Source::Buffered(buffered) => (buffered.body(), n >= *self.max_attempts),
+            Source::Recording(recording) => (recording.body(), n >= *self.max_attempts),
+            Source::Once(body, _) => (body.take().expect("one attempt only"), true),
+            Source::Collecting(_) => unreachable!("body read before the first call"),
+        };
+        let mut req = if last {
+            let head = self.head.take().expect("head kept until the last attempt");
+            Request::from_parts(head, body)
+        } else {
+            let head = self
+                .head
+                .as_ref()
+                .expect("head kept until the last attempt");
+            copy_head(head).map(|()| body)
+        };
+        req.extensions_mut()
+            .insert(Attempt::new(n, *self.max_attempts, self.request.clone()));
+        req
+    }
+
+    /// Whether an inner layer took the request over, and how it ended there.
+    fn inner_answered(
+        &self,
+        result: &Result<Response<ResBody>, S::Error>,
+    ) -> Option<(Outcome, u32)> {
+        let claimed = self
+            .request
+            .as_ref()
+            .and_then(|r| r.is_claimed().then(|| r.reported()));
+        // Responses say so too (an inner layer this layer could not share its request state
+        // with, because this one allows no replay).
+        let answered = match result {
+            Ok(res) => res.extensions().get::<RetryOutcome>().copied(),
+            Err(_) => None,
+        };
+        match (claimed, answered) {
+            (Some(Some(reported)), _) => Some(reported),
+            (_, Some(o)) => Some((o.outcome, o.attempts)),
+            (Some(None), None) => Some((Outcome::FirstTry, *self.attempt)),
+            (None, None) => None,
+        }
+    }
+
+    /// Past the deadline while waiting: the last retryable failure is the answer, or a bare
+    /// `503` when no attempt could start.
+    fn at_deadline(&mut self) -> Result<Response<ResBody>, S::Error> {
+        let attempts = *self.attempt;
+        self.gave_up_event(Outcome::Deadline, attempts);
+        let result = self.last.take().unwrap_or_else(|| {
+            let mut res = Response::new(ResBody::default());
+            *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            res.headers_mut().insert(header::RETRY_AFTER, retry_after());
+            Ok(res)
         });
-        res
-    })
+        self.finish(result, Outcome::Deadline, attempts)
+    }
+
+    /// Records the end and returns the answer, marked with its `RetryOutcome`.
+    fn finish(
+        &mut self,
+        result: Result<Response<ResBody>, S::Error>,
+        outcome: Outcome,
+        attempts: u32,
+    ) -> Result<Response<ResBody>, S::Error> {
+        self.end(outcome, attempts);
+        let total_delay = *self.total_delay;
+        result.map(|mut res| {
+            if invites_retry(outcome)
+                && res.extensions().get::<Retryable>().is_some()
+                && !res.headers().contains_key(header::RETRY_AFTER)
+            {
+                res.headers_mut().insert(header::RETRY_AFTER, retry_after());
+            }
+            res.extensions_mut().insert(RetryOutcome {
+                attempts,
+                total_delay,
+                outcome,
+            });
+            res
+        })
+    }
+
+    fn end(&mut self, outcome: Outcome, attempts: u32) {
+        record_end(
+            self.span,
+            self.shared,
+            self.route,
+            self.outer.as_deref(),
+            outcome,
+            attempts,
+            self.reason.as_ref(),
+            *self.total_delay,
+        );
+        if let Source::Recording(r) = self.body {
+            r.clear();
+        }
+        *self.done = true;
+        self.state.set(State::Done);
+    }
+
+    fn replay_event(&self, attempt: u32, delay: Duration) {
+        let reason = self.reason.as_ref();
+        let elapsed_ms = self.start.elapsed().as_millis() as u64;
+        let delay_ms = delay.as_secs_f64() * 1000.0;
+        macro_rules! replay_event {
+            ($level:expr) => {
+                tracing::event!(target: "tower_sqlite_retry", $level,
+                    retry.attempt = attempt,
+                    retry.delay_ms = delay_ms,
+                    retry.elapsed_ms = elapsed_ms,
+                    db.response.status_code = reason.map(Retryable::code),
+                    error.type = reason.map(Retryable::name),
+                    http.request.method = %self.route.method,
+                    http.route = self.route.path(),
+                    "retrying request"
+                )
+            };
+        }
+        use tracing::Level;
+        match self.shared.policy.replay_event_level {
+            l if l == Level::TRACE => replay_event!(Level::TRACE),
+            l if l == Level::DEBUG => replay_event!(Level::DEBUG),
+            l if l == Level::INFO => replay_event!(Level::INFO),
+            l if l == Level::WARN => replay_event!(Level::WARN),
+            _ => replay_event!(Level::ERROR),
+        }
+    }
+
+    /// Why this request's body cannot go to another attempt, if it cannot.
+    fn not_replayable(&self) -> Option<NotReplayable> {
+        match &*self.body {
+            Source::Once(_, why) => *why,
+            Source::Recording(r) => r.not_replayable(),
+            Source::Buffered(_) | Source::Collecting(_) => None,
+        }
+    }
+
+    fn gave_up_event(&self, outcome: Outcome, attempts: u32) {
+        let reason = self.reason.as_ref();
+        let not_replayable = self.not_replayable().map(NotReplayable::as_str);
+        let elapsed_ms = self.start.elapsed().as_millis() as u64;
+        macro_rules! stop_event {
+            ($level:expr, $message:literal) => {
+                tracing::event!(target: "tower_sqlite_retry", $level,
+                    retry.attempts = attempts,
+                    retry.elapsed_ms = elapsed_ms,
+                    retry.outcome = outcome.as_str(),
+                    retry.not_replayable = not_replayable,
+                    db.response.status_code = reason.map(Retryable::code),
+                    error.type = reason.map(Retryable::name),
+                    http.request.method = %self.route.method,
+                    http.route = self.route.path(),
+                    $message
+                )
+            };
+        }
+        match outcome {
+            Outcome::Exhausted | Outcome::Deadline => {
+                stop_event!(tracing::Level::ERROR, "retries exhausted")
+            }
+            _ => stop_event!(tracing::Level::WARN, "not retried"),
+        }
+    }
 }
 
-impl<S, C> fmt::Debug for ResponseFuture<S, C>
+/// Records how a request ended: the span's fields, the counters, the metrics, and the outer
+/// layer that handed the request over, if any.
+#[allow(clippy::too_many_arguments)]
+fn record_end(
+    span: &Span,
+    shared: &Shared,
+    route: &Route,
+    outer: Option<&RequestState>,
+    outcome: Outcome,
+    attempts: u32,
+    reason: Option<&Retryable>,
+    backoff: Duration,
+) {
+    span.record("retry.attempts", attempts);
+    span.record("retry.outcome", outcome.as_str());
+    if attempts > 1 {
+        span.record("http.request.resend_count", attempts - 1);
+    }
+    if let Some(r) = reason {
+        span.record("db.response.status_code", r.code());
+        span.record("error.type", r.name());
+    }
+    shared.counters.finished(outcome, attempts);
+    recorder::request_finished(
+        route.path(),
+        &route.method,
+        outcome,
+        reason.map(Retryable::name),
+        attempts,
+        backoff,
+    );
+    if let Some(outer) = outer {
+        outer.report(outcome, attempts);
+    }
+}
+
+impl<S, C, B> fmt::Debug for ResponseFuture<S, C, B>
 where
-    S: Service<Request<Body>>,
+    S: Service<Request<ReplayBody<B>>>,
+    B: Body,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")

@@ -38,8 +38,11 @@ pub(crate) struct Shared {
 ///     .layer(SqliteRetryLayer::new(RetryPolicy::default().max_attempts(4)));
 /// ```
 ///
-/// Nested layers never multiply attempts: the innermost one retries and marks its response
-/// with [`RetryOutcome`](crate::RetryOutcome); outer ones see that and pass it through.
+/// Nested layers never multiply attempts: the innermost one retries. It claims the request on
+/// the way in (an outer layer's attempt carries that layer's [`Attempt`](crate::Attempt)), and
+/// the outer ones then pass its answer through, a response or a service error alike, and
+/// record its outcome. Two clones of one layer nested this way share one replay gate without
+/// waiting on each other: the outer one never replays, so it never holds a gate permit.
 pub struct SqliteRetryLayer<C = NeverRetryErrors> {
     shared: Arc<Shared>,
     classifier: C,

@@ -2,16 +2,20 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod attempt;
-mod body;
+pub mod body;
 mod classify;
+mod decide;
 mod error;
 pub mod future;
 mod layer;
 mod metrics;
 mod policy;
+mod recorder;
+mod route;
 mod service;
 
 pub use attempt::{Attempt, Outcome, RetryOutcome};
+pub use body::ReplayBody;
 pub use classify::{
     ClassifyError, NeverRetryErrors, Retryable, SqlxErrors, classify, classify_mysql_code,
     classify_postgres_code, classify_sqlite_code, is_constraint_violation, mysql_code_name,
@@ -39,7 +43,9 @@ mod traits {
         assert_sync::<SqliteRetryLayer>();
         assert_send::<SqliteRetry<Inner>>();
         assert_sync::<SqliteRetry<Inner>>();
-        assert_send::<future::ResponseFuture<Inner, NeverRetryErrors>>();
+        assert_send::<future::ResponseFuture<Inner, NeverRetryErrors, Body>>();
+        assert_send::<ReplayBody<Body>>();
+        assert_send::<ReplayBody<hyper::body::Incoming>>();
         assert_send::<Attempt>();
         assert_sync::<Attempt>();
         assert_send::<RetryMetrics>();

@@ -31,8 +31,10 @@ impl Counters {
 
     pub(crate) fn finished(&self, outcome: Outcome, attempts: u32) {
         self.outcomes[outcome.index()].fetch_add(1, Relaxed);
-        let bucket = (attempts.max(1) as usize - 1).min(HISTOGRAM_BUCKETS - 1);
-        self.histogram[bucket].fetch_add(1, Relaxed);
+        if attempts > 0 {
+            let bucket = (attempts as usize - 1).min(HISTOGRAM_BUCKETS - 1);
+            self.histogram[bucket].fetch_add(1, Relaxed);
+        }
     }
 
     /// Reserves `n` more buffered bytes if the total stays within `cap`.
@@ -98,6 +100,7 @@ impl RetryMetrics {
             not_replayable: outcome(Outcome::NotReplayable),
             fenced: outcome(Outcome::Fenced),
             non_retryable: outcome(Outcome::NonRetryable),
+            cancelled: outcome(Outcome::Cancelled),
             attempts_histogram: std::array::from_fn(|i| c.histogram[i].load(Relaxed)),
             buffered_bytes: c.buffered_bytes.load(Relaxed),
             peak_buffered_bytes: c.peak_buffered_bytes.load(Relaxed),
@@ -106,12 +109,25 @@ impl RetryMetrics {
 }
 
 /// The values of a layer's counters at one moment.
+///
+/// The counters add up. Once no request is in flight:
+///
+/// - every request has exactly one outcome: `requests` is the sum of the nine outcome
+///   counters (a request whose future was dropped counts as `cancelled`);
+/// - `retries` is the number of replays actually started (counted when the replay is handed
+///   to the inner service, not when it is decided: a request cancelled during its backoff made
+///   no replay), which is the sum over finished requests of `attempts - 1` for a layer that is
+///   not the outer one of a nested pair (an outer layer records the inner one's outcome and
+///   attempts, and replays nothing itself);
+/// - the histogram counts every finished request that made at least one attempt (a request
+///   that never reached the inner service, because its deadline passed while it waited for
+///   readiness or the inner service failed in `poll_ready`, made none).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct MetricsSnapshot {
     /// Requests the layer was called with.
     pub requests: u64,
-    /// Replays made (attempts after the first).
+    /// Replays started (attempts after the first).
     pub retries: u64,
     /// Requests that ended with outcome `first_try`.
     pub first_try: u64,
@@ -129,11 +145,40 @@ pub struct MetricsSnapshot {
     pub fenced: u64,
     /// ... `non_retryable`.
     pub non_retryable: u64,
+    /// ... `cancelled` (the response future was dropped before it finished).
+    pub cancelled: u64,
     /// Finished requests by attempts made: index 0 = one attempt, the last bucket =
-    /// [`HISTOGRAM_BUCKETS`] or more.
+    /// [`HISTOGRAM_BUCKETS`] or more (requests that made no attempt are not in it).
     pub attempts_histogram: [u64; HISTOGRAM_BUCKETS],
     /// Bytes buffered for replay right now, all requests together (a gauge).
     pub buffered_bytes: usize,
     /// The highest `buffered_bytes` seen.
     pub peak_buffered_bytes: usize,
+}
+
+impl MetricsSnapshot {
+    /// Requests that have an outcome: the sum of the outcome counters.
+    ///
+    /// ```
+    /// # use tower_sqlite_retry::MetricsSnapshot;
+    /// let snap = MetricsSnapshot::default();
+    /// assert_eq!(snap.requests, snap.finished() + snap.in_flight());
+    /// ```
+    pub fn finished(&self) -> u64 {
+        self.first_try
+            + self.succeeded_after_retry
+            + self.exhausted
+            + self.deadline
+            + self.budget_exhausted
+            + self.not_replayable
+            + self.fenced
+            + self.non_retryable
+            + self.cancelled
+    }
+
+    /// Requests still without an outcome (in flight when the snapshot was taken; the counters
+    /// are read one by one, so under load this is approximate).
+    pub fn in_flight(&self) -> u64 {
+        self.requests.saturating_sub(self.finished())
+    }
 }

@@ -83,6 +83,7 @@ pub struct RetryPolicy {
     pub(crate) max_buffered_bytes: usize,
     pub(crate) replay_gate: Option<usize>,
     pub(crate) budget: Option<Arc<dyn Budget + Send + Sync>>,
+    pub(crate) replay_event_level: tracing::Level,
 }
 
 impl fmt::Debug for RetryPolicy {
@@ -97,6 +98,7 @@ impl fmt::Debug for RetryPolicy {
             .field("max_buffered_bytes", &self.max_buffered_bytes)
             .field("replay_gate", &self.replay_gate)
             .field("budget", &self.budget.as_ref().map(|_| "<budget>"))
+            .field("replay_event_level", &self.replay_event_level)
             .finish()
     }
 }
@@ -113,6 +115,7 @@ impl Default for RetryPolicy {
             max_buffered_bytes: 16 * 1024 * 1024,
             replay_gate: Some(1),
             budget: None,
+            replay_event_level: tracing::Level::DEBUG,
         }
     }
 }
@@ -170,9 +173,17 @@ impl RetryPolicy {
         self
     }
 
-    /// The total time a request may take, all attempts, handler time and backoff included,
-    /// measured on the monotonic clock from the moment the layer is called. No backoff sleep
-    /// that would end past it is started.
+    /// The total time the layer spends on a request: every attempt, handler time, backoff and
+    /// every wait (the replay gate, the inner service's readiness) included, on the monotonic
+    /// clock. It starts when the request is ready for its first attempt: once its body is
+    /// buffered (an upload's own pace is the client's; bound it with tower-http's
+    /// `RequestBodyTimeoutLayer` outside the layer), else at once.
+    ///
+    /// Past it no attempt starts and no wait goes on: the answer is the last retryable failure
+    /// (or, when no attempt could start, `503 Service Unavailable` with `Retry-After` and an
+    /// empty body), outcome `deadline`. An attempt already running is never cut short: it may
+    /// have committed, and answering `503` over a commit would invite the client to do it
+    /// twice. To bound the handler too, put tower's `TimeoutLayer` outside the layer.
     ///
     /// ```
     /// # use std::time::Duration;
@@ -287,6 +298,27 @@ impl RetryPolicy {
     pub fn no_budget(mut self) -> Self {
         self.budget = None;
         self
+    }
+
+    /// The level of the `retrying request` event, one per replay (DEBUG by default).
+    ///
+    /// A replay that succeeds is the layer doing its job: at 64 concurrent writers, an event
+    /// per replay at WARN wrote thousands of lines a second. The events that say the layer
+    /// gave up (`retries exhausted` at ERROR, `not retried` at WARN) keep their levels.
+    ///
+    /// ```
+    /// # use tower_sqlite_retry::RetryPolicy;
+    /// let policy = RetryPolicy::default().replay_event_level(tracing::Level::INFO);
+    /// assert_eq!(policy.get_replay_event_level(), tracing::Level::INFO);
+    /// ```
+    pub fn replay_event_level(mut self, level: tracing::Level) -> Self {
+        self.replay_event_level = level;
+        self
+    }
+
+    /// The level of the per-replay event.
+    pub fn get_replay_event_level(&self) -> tracing::Level {
+        self.replay_event_level
     }
 
     /// Total attempts allowed, the first included.

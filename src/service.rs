@@ -4,11 +4,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use axum::body::Body;
-use bytes::Bytes;
+use bytes::Buf;
 use http::{Request, Response};
-use tower::BoxError;
+use http_body::Body;
 use tower_service::Service;
+
+use crate::body::ReplayBody;
 
 use crate::classify::{ClassifyError, NeverRetryErrors};
 use crate::future::ResponseFuture;
@@ -17,9 +18,19 @@ use crate::metrics::RetryMetrics;
 
 /// The service built by [`SqliteRetryLayer`](crate::SqliteRetryLayer).
 ///
-/// It accepts any request body (`Data = Bytes`) and hands the inner service an
-/// [`axum::body::Body`]: the buffered bytes, fresh for every attempt, or the original stream
-/// when the request is passed through without retries.
+/// It accepts any request body and hands the inner service a [`ReplayBody`]: the buffered
+/// bytes, fresh for every attempt; the client's body recorded as it is read
+/// (`Expect: 100-continue`); or the client's body itself, when the request is passed through
+/// without retries. The body keeps the client body's error type and size hint.
+///
+/// # Readiness
+///
+/// `poll_ready` is always ready and reserves nothing in the inner service: a request's body is
+/// read whole *first*, and the inner service's readiness is polled in the response future,
+/// before every attempt, on the instance that is then called (tower's rule for a service used
+/// more than once). So a slow or stalled upload never holds a concurrency limit, a queue slot
+/// or a buffer permit of the inner service while it trickles in. Waiting for readiness counts
+/// against the policy's deadline.
 pub struct SqliteRetry<S, C = NeverRetryErrors> {
     inner: S,
     shared: Arc<Shared>,
@@ -69,30 +80,31 @@ impl<S: fmt::Debug, C> fmt::Debug for SqliteRetry<S, C> {
 
 impl<S, C, B, ResBody> Service<Request<B>> for SqliteRetry<S, C>
 where
-    S: Service<Request<Body>, Response = Response<ResBody>> + Clone,
+    S: Service<Request<ReplayBody<B>>, Response = Response<ResBody>> + Clone,
     C: ClassifyError<S::Error> + Clone,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    B: Body,
+    B::Data: Buf,
+    ResBody: Default,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, C>;
+    type Future = ResponseFuture<S, C, B>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // NOTE: nothing is reserved here: the response future polls the readiness of its own
+        // clone of the inner service once the body is read, before every attempt.
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        // NOTE: `self.inner` is the instance that was polled ready; a clone may not be. Take
-        // the ready one for this request and leave the clone for the next `poll_ready`
-        // (tower's rule; see tower's docs on "Be careful when cloning inner services").
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        // NOTE: tower's "be careful when cloning inner services" is about a clone that was
+        // never polled ready being called. This clone is polled ready by the future before
+        // each of its calls, and `self.inner` was never reserved, so nothing is lost here.
         ResponseFuture::new(
-            inner,
+            self.inner.clone(),
             self.classifier.clone(),
             self.shared.clone(),
-            req.map(Body::new),
+            req,
         )
     }
 }

@@ -145,7 +145,8 @@ async fn db_error_responses_carry_no_database_detail() {
 
     let res = DbError::from(real_busy(&db).await).into_response();
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(res.headers()["retry-after"], "1");
+    // The layer, not DbError, decides whether to invite a retry (never after a fence).
+    assert!(res.headers().get("retry-after").is_none());
     assert_eq!(res.extensions().get::<Retryable>().unwrap().code(), "5");
     assert_no_db_detail(&body_text(res).await);
 

@@ -399,7 +399,7 @@ async fn classifier_and_db_error_on_real_driver_errors() {
         );
         let res = DbError::from(err).into_response();
         assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE, "{number}");
-        assert_eq!(res.headers()["retry-after"], "1");
+        assert!(res.headers().get("retry-after").is_none());
         assert!(res.extensions().get::<Retryable>().is_some());
     }
     for (sqlstate, number) in [

@@ -464,7 +464,7 @@ async fn classifier_and_db_error_on_real_driver_errors() {
         assert_eq!((marker.code(), marker.name()), (sqlstate, name));
         let res = DbError::from(err).into_response();
         assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE, "{sqlstate}");
-        assert_eq!(res.headers()["retry-after"], "1");
+        assert!(res.headers().get("retry-after").is_none());
         assert!(
             res.extensions()
                 .get::<tower_sqlite_retry::Retryable>()

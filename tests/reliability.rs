@@ -23,7 +23,8 @@ use tower::retry::budget::TpsBudget;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_sqlite_retry::{
-    Attempt, DbError, Jitter, Outcome, RetryOutcome, RetryPolicy, Retryable, SqliteRetryLayer,
+    Attempt, DbError, Jitter, Outcome, ReplayBody, RetryOutcome, RetryPolicy, Retryable,
+    SqliteRetryLayer,
 };
 
 use common::{HttpClient, serve};
@@ -56,7 +57,7 @@ async fn under_total_failure(
     let c = calls.clone();
     let svc = ServiceBuilder::new()
         .layer(layer)
-        .service(tower::service_fn(move |_: Request<Body>| {
+        .service(tower::service_fn(move |_: Request<ReplayBody<Body>>| {
             c.fetch_add(1, Ordering::SeqCst);
             async { Ok::<_, Infallible>(busy()) }
         }));
@@ -452,7 +453,7 @@ async fn extreme_policies_neither_overflow_nor_panic() {
     let c = calls.clone();
     let svc = ServiceBuilder::new()
         .layer(SqliteRetryLayer::new(policy))
-        .service(tower::service_fn(move |_: Request<Body>| {
+        .service(tower::service_fn(move |_: Request<ReplayBody<Body>>| {
             let n = c.fetch_add(1, Ordering::SeqCst);
             async move {
                 Ok::<_, Infallible>(if n < 3 {

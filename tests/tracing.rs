@@ -101,9 +101,9 @@ async fn retries_and_exhaustion_follow_the_schema() {
         .iter()
         .filter(|(_, m, _)| m == "retrying request")
         .collect();
-    assert_eq!(retries.len(), 2, "one WARN per retry: {events:#?}");
+    assert_eq!(retries.len(), 2, "one event per retry: {events:#?}");
     for (i, (level, _, f)) in retries.iter().enumerate() {
-        assert_eq!(*level, Level::WARN);
+        assert_eq!(*level, Level::DEBUG, "a replay is the layer doing its job");
         assert_eq!(f["retry.attempt"], (i + 1).to_string());
         assert!(f["retry.delay_ms"].parse::<f64>().unwrap() <= 2.0);
         assert!(f.contains_key("retry.elapsed_ms"));
@@ -135,6 +135,9 @@ async fn retries_and_exhaustion_follow_the_schema() {
     assert_eq!(span["retry.max_attempts"], "3");
     assert_eq!(span["retry.attempts"], "3");
     assert_eq!(span["retry.outcome"], "exhausted");
+    assert_eq!(span["http.request.resend_count"], "2");
+    assert_eq!(span["db.response.status_code"], "pool_timed_out");
+    assert_eq!(span["error.type"], "POOL_TIMED_OUT");
 }
 
 #[tokio::test]
