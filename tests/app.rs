@@ -267,7 +267,15 @@ async fn busy_write_with_the_layer_is_replayed_until_it_commits() {
         .await
         .unwrap()
     });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Release the lock only once the request has failed on it and a replay has started: the
+    // layer's own counter says so, whatever the machine's speed.
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while t.retries() == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("a replay started while the lock was held");
     sqlx::query("COMMIT").execute(&mut *holder).await.unwrap();
     drop(holder);
 

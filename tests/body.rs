@@ -9,7 +9,7 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{MethodFilter, on, post};
 use futures::stream;
 use http::{HeaderValue, StatusCode};
 use http_body::Frame;
@@ -46,30 +46,33 @@ fn app(seen: Seen, policy: RetryPolicy) -> Router {
     Router::new()
         .route(
             "/upload",
-            post(move |attempt: Attempt, mut req: Request| {
-                let seen = seen.clone();
-                async move {
-                    let headers = req
-                        .headers()
-                        .get_all("x-dup")
-                        .iter()
-                        .map(|v| v.to_str().unwrap().to_owned())
-                        .collect();
-                    let marker = req.extensions().get::<Marker>().map(|m| m.0);
-                    // An attempt's changes must never leak into the next one.
-                    req.extensions_mut().insert(Marker("dirty"));
-                    req.headers_mut()
-                        .append("x-dup", HeaderValue::from_static("dirty"));
-                    let body = req.into_body().collect().await.unwrap().to_bytes();
-                    seen.bodies.lock().unwrap().push(body);
-                    seen.heads.lock().unwrap().push((headers, marker));
-                    if attempt.number() < attempt.max() {
-                        Err(DbError::from(sqlx::Error::PoolTimedOut))
-                    } else {
-                        Ok(StatusCode::OK)
+            on(
+                MethodFilter::POST.or(MethodFilter::CONNECT),
+                move |attempt: Attempt, mut req: Request| {
+                    let seen = seen.clone();
+                    async move {
+                        let headers = req
+                            .headers()
+                            .get_all("x-dup")
+                            .iter()
+                            .map(|v| v.to_str().unwrap().to_owned())
+                            .collect();
+                        let marker = req.extensions().get::<Marker>().map(|m| m.0);
+                        // An attempt's changes must never leak into the next one.
+                        req.extensions_mut().insert(Marker("dirty"));
+                        req.headers_mut()
+                            .append("x-dup", HeaderValue::from_static("dirty"));
+                        let body = req.into_body().collect().await.unwrap().to_bytes();
+                        seen.bodies.lock().unwrap().push(body);
+                        seen.heads.lock().unwrap().push((headers, marker));
+                        if attempt.number() < attempt.max() {
+                            Err(DbError::from(sqlx::Error::PoolTimedOut))
+                        } else {
+                            Ok(StatusCode::OK)
+                        }
                     }
-                }
-            }),
+                },
+            ),
         )
         .layer(SqliteRetryLayer::new(policy))
 }
@@ -180,9 +183,13 @@ async fn in_flight_cap_passes_through_and_gauge_returns_to_zero() {
                 .unwrap(),
         ),
     );
-    while metrics.snapshot().buffered_bytes == 0 {
-        tokio::task::yield_now().await;
-    }
+    tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while metrics.snapshot().buffered_bytes == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the first body was buffered");
     assert_eq!(metrics.snapshot().buffered_bytes, 800);
     let second = app
         .clone()
@@ -207,12 +214,22 @@ async fn in_flight_cap_passes_through_and_gauge_returns_to_zero() {
 #[tokio::test]
 async fn upgrade_and_connect_pass_through() {
     let seen = Seen::default();
-    let mut req = request(Body::from("hello"));
-    req.headers_mut()
+    let mut upgrade = request(Body::from("hello"));
+    upgrade
+        .headers_mut()
         .insert("upgrade", HeaderValue::from_static("websocket"));
-    let res = app(seen.clone(), policy()).oneshot(req).await.unwrap();
-    assert_eq!(outcome(&res).outcome(), Outcome::NotReplayable);
-    assert_eq!(seen.bodies.lock().unwrap().len(), 1);
+    let mut connect = request(Body::from("hello"));
+    *connect.method_mut() = http::Method::CONNECT;
+    for (i, req) in [upgrade, connect].into_iter().enumerate() {
+        let method = req.method().clone();
+        let res = app(seen.clone(), policy()).oneshot(req).await.unwrap();
+        assert_eq!(outcome(&res).outcome(), Outcome::NotReplayable, "{method}");
+        assert_eq!(
+            seen.bodies.lock().unwrap().len(),
+            i + 1,
+            "{method}: one attempt"
+        );
+    }
 }
 
 #[tokio::test]

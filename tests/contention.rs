@@ -163,18 +163,23 @@ async fn thirty_two_clients_zero_failures_with_the_layer() {
     );
 }
 
+/// Without the layer, how many requests fail depends on how the machine schedules the clients
+/// (`tests/replay.rs` and `tests/app.rs` show the failure deterministically, with a held lock);
+/// what never depends on it: a failed request committed nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn thirty_two_clients_fail_without_the_layer() {
+async fn without_the_layer_failures_commit_nothing() {
     let run = run(false).await;
     eprintln!(
         "without the layer: {} ok, {} failed POSTs",
         run.posts_ok, run.posts_failed
     );
-    assert!(
-        run.posts_failed > 0,
-        "the scenario must produce contention failures without the layer"
+    assert_eq!(
+        run.posts_ok + run.posts_failed,
+        CLIENTS * POSTS_PER_CLIENT,
+        "every POST answered"
     );
     assert_eq!(run.rows as usize, run.posts_ok, "failures commit nothing");
+    assert_eq!(run.distinct_names, run.rows, "no duplicates");
 }
 
 /// Exactly once under load: 2,000 read-then-write requests at 128-way concurrency.

@@ -135,26 +135,30 @@ async fn client_disconnect_during_backoff_stops_further_attempts() {
     let calls = Arc::new(AtomicU32::new(0));
     let (failed_tx, mut failed_rx) = tokio::sync::mpsc::unbounded_channel();
     let c = calls.clone();
-    let policy = RetryPolicy::default()
+    // A backoff far longer than the test: the disconnect falls inside it on any machine.
+    let slow = RetryPolicy::default()
         .max_attempts(10)
-        .base_delay(Duration::from_millis(300))
-        .max_delay(Duration::from_millis(300))
+        .base_delay(Duration::from_secs(600))
+        .max_delay(Duration::from_secs(600))
+        .deadline(Duration::from_secs(7200))
         .jitter(Jitter::None);
-    let layer = SqliteRetryLayer::new(policy);
+    let layer = SqliteRetryLayer::new(slow);
+    let metrics = layer.metrics();
+    let handler = move || {
+        let c = c.clone();
+        let failed_tx = failed_tx.clone();
+        async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            let _ = failed_tx.send(());
+            busy()
+        }
+    };
     let app = Router::new()
+        .route("/slow", post(handler.clone()).layer(layer))
         .route(
-            "/slow",
-            post(move || {
-                let c = c.clone();
-                let failed_tx = failed_tx.clone();
-                async move {
-                    c.fetch_add(1, Ordering::SeqCst);
-                    let _ = failed_tx.send(());
-                    busy()
-                }
-            }),
-        )
-        .layer(layer);
+            "/quick",
+            post(handler).layer(SqliteRetryLayer::new(quick(10))),
+        );
     let server = serve(app).await;
 
     let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
@@ -165,8 +169,16 @@ async fn client_disconnect_during_backoff_stops_further_attempts() {
     failed_rx.recv().await.unwrap();
     drop(stream); // the client leaves during the first backoff
 
-    // Without cancellation, 9 more attempts would follow, 300 ms apart.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The server notices, drops the layer's future, and the layer counts it cancelled.
+    tokio::time::timeout(Duration::from_secs(20), async {
+        while metrics.snapshot().cancelled == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the request was cancelled");
+    let snap = metrics.snapshot();
+    assert_eq!(snap.retries, 0, "no replay started after the disconnect");
     assert_eq!(
         calls.load(Ordering::SeqCst),
         1,
@@ -177,7 +189,7 @@ async fn client_disconnect_during_backoff_stops_further_attempts() {
     let mut stream = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     stream
         .write_all(
-            b"POST /slow HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\nconnection: close\r\n\r\nhi",
+            b"POST /quick HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\nconnection: close\r\n\r\nhi",
         )
         .await
         .unwrap();

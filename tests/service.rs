@@ -36,13 +36,24 @@ fn req() -> Request<Body> {
 }
 
 /// A service that is ready only every other poll, and panics if called when not ready. Fails
-/// retryably `fail` times.
-#[derive(Clone)]
+/// retryably `fail` times. A clone starts not ready, as a real service's clone would (a
+/// `ConcurrencyLimit` clone holds no permit): calling a clone that was never polled panics.
 struct Reluctant {
     ready: bool,
     polls: Arc<AtomicU32>,
     calls: Arc<AtomicU32>,
     fail: u32,
+}
+
+impl Clone for Reluctant {
+    fn clone(&self) -> Self {
+        Self {
+            ready: false,
+            polls: self.polls.clone(),
+            calls: self.calls.clone(),
+            fail: self.fail,
+        }
+    }
 }
 
 impl Service<Request<ReplayBody<Body>>> for Reluctant {
@@ -87,15 +98,14 @@ async fn readiness_is_honoured_before_every_attempt() {
     let mut svc = ServiceBuilder::new()
         .layer(SqliteRetryLayer::new(fast()))
         .service(inner);
-    let res = ServiceExt::<Request<Body>>::ready(&mut svc)
-        .await
-        .unwrap()
-        .call(req())
-        .await
-        .unwrap();
+    let ready = ServiceExt::<Request<Body>>::ready(&mut svc).await.unwrap();
+    // The layer reserves nothing in the inner service before it has the body.
+    assert_eq!(polls.load(Ordering::SeqCst), 0);
+    let res = ready.call(req()).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(calls.load(Ordering::SeqCst), 4);
-    assert!(polls.load(Ordering::SeqCst) >= 8, "two polls per attempt");
+    // Every attempt: one pending poll, one ready poll, then the call, on the same instance.
+    assert_eq!(polls.load(Ordering::SeqCst), 8, "two polls per attempt");
 }
 
 #[tokio::test]
