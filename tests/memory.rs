@@ -65,7 +65,7 @@ fn one_byte_frames_cost_their_payload_not_a_handle_each() {
             change.allocations,
             change.deallocations,
         );
-        assert!(counted >= PAYLOAD && counted <= 2 * PAYLOAD, "counted {counted}");
+        assert!((PAYLOAD..=2 * PAYLOAD).contains(&counted), "counted {counted}");
         // The buffer (at most twice the payload while it grows), plus the request's own
         // state; a handle per frame would be 32 B × 65,536 = 2 MiB on its own.
         assert!(
