@@ -161,3 +161,140 @@ async fn first_try_success_records_outcome_without_warnings() {
     assert_eq!(span["retry.outcome"], "first_try");
     assert_eq!(span["retry.attempts"], "1");
 }
+
+/// Sends one request through a layer with `policy` to a handler that answers per path, and
+/// returns the events at each level and the span's outcome.
+async fn levels_for(
+    policy: RetryPolicy,
+    path: &'static str,
+    body: &'static str,
+    cancel: bool,
+) -> (Vec<(Level, String)>, String) {
+    use axum::response::IntoResponse;
+    use http::StatusCode;
+    let captured = Captured::default();
+    let subscriber = tracing_subscriber::registry().with(captured.clone());
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let busy = || DbError::from(sqlx::Error::PoolTimedOut).into_response();
+    let app = Router::new()
+        .route("/ok", post(|| async { "ok" }))
+        .route(
+            "/second",
+            post(move |a: Attempt| async move {
+                if a.number() == 1 {
+                    busy()
+                } else {
+                    "ok".into_response()
+                }
+            }),
+        )
+        .route("/busy", post(move || async move { busy() }))
+        .route(
+            "/fenced",
+            post(move |a: Attempt| async move {
+                a.fence();
+                busy()
+            }),
+        )
+        .route(
+            "/conflict",
+            post(move |a: Attempt| async move {
+                if a.number() == 1 {
+                    busy()
+                } else {
+                    StatusCode::CONFLICT.into_response()
+                }
+            }),
+        )
+        .route(
+            "/slow",
+            post(move || async move {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                busy()
+            }),
+        )
+        .layer(SqliteRetryLayer::new(policy));
+    let fut = app.oneshot(Request::post(path).body(Body::from(body)).unwrap());
+    if cancel {
+        // Polled until it is in its first backoff (a long one), then dropped: the client
+        // went away.
+        let mut fut = std::pin::pin!(fut);
+        let in_backoff = || {
+            captured
+                .events
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|(_, m, _)| m == "retrying request")
+        };
+        while !in_backoff() {
+            assert!(futures::poll!(fut.as_mut()).is_pending());
+            tokio::task::yield_now().await;
+        }
+    } else {
+        fut.await.unwrap();
+    }
+    let events = captured
+        .events
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(l, m, _)| (*l, m.clone()))
+        .collect();
+    let spans = captured.closed_spans.lock().unwrap().clone();
+    let (_, span) = spans.iter().find(|(n, _)| n == "sqlite_retry").unwrap();
+    (events, span["retry.outcome"].clone())
+}
+
+#[tokio::test]
+async fn levels_match_what_happened() {
+    let base = || {
+        RetryPolicy::default()
+            .max_attempts(3)
+            .base_delay(Duration::ZERO)
+            .max_delay(Duration::from_millis(1))
+    };
+    let retrying = (Level::DEBUG, "retrying request".to_owned());
+    let exhausted = (Level::ERROR, "retries exhausted".to_owned());
+    let not_retried = (Level::WARN, "not retried".to_owned());
+    let db_error = (Level::DEBUG, "db error (retryable)".to_owned());
+    #[rustfmt::skip]
+    let cases: Vec<(&str, RetryPolicy, &str, &str, Vec<(Level, String)>)> = vec![
+        ("first_try", base(), "/ok", "x", vec![]),
+        ("succeeded_after_retry", base(), "/second", "x", vec![db_error.clone(), retrying.clone()]),
+        ("exhausted", base(), "/busy", "x", vec![db_error.clone(), retrying.clone(), db_error.clone(), retrying.clone(), db_error.clone(), exhausted.clone()]),
+        ("deadline", base().base_delay(Duration::from_millis(50)).max_delay(Duration::from_millis(50)).jitter(Jitter::None).deadline(Duration::from_millis(60)), "/slow", "x", vec![db_error.clone(), exhausted.clone()]),
+        ("budget_exhausted", base().tps_budget(0.0, 0), "/busy", "x", vec![db_error.clone(), not_retried.clone()]),
+        ("not_replayable", base().max_body_bytes(1), "/busy", "too long", vec![(Level::DEBUG, "passing through without retries".to_owned()), db_error.clone(), not_retried.clone()]),
+        ("fenced", base(), "/fenced", "x", vec![db_error.clone(), not_retried.clone()]),
+        ("non_retryable", base(), "/conflict", "x", vec![db_error.clone(), retrying.clone()]),
+        ("cancelled", base().base_delay(Duration::from_secs(60)).max_delay(Duration::from_secs(60)).jitter(Jitter::None).deadline(Duration::from_secs(3600)), "/busy", "x", vec![db_error.clone(), retrying.clone(), (Level::DEBUG, "request cancelled".to_owned())]),
+    ];
+    for (outcome, policy, path, body, want) in cases {
+        let (events, got) = levels_for(policy, path, body, outcome == "cancelled").await;
+        assert_eq!(got, outcome, "{outcome}: span outcome");
+        assert_eq!(events, want, "{outcome}: events and levels");
+        // WARN and ERROR only when the layer gave up.
+        let loud = events.iter().any(|(l, _)| *l <= Level::WARN);
+        let gave_up = matches!(
+            outcome,
+            "exhausted" | "deadline" | "budget_exhausted" | "not_replayable" | "fenced"
+        );
+        assert_eq!(loud, gave_up, "{outcome}");
+    }
+}
+
+#[tokio::test]
+async fn the_replay_event_level_is_configurable() {
+    let policy = RetryPolicy::default()
+        .max_attempts(2)
+        .base_delay(Duration::ZERO)
+        .max_delay(Duration::from_millis(1))
+        .replay_event_level(Level::INFO);
+    let (events, outcome) = levels_for(policy, "/second", "x", false).await;
+    assert_eq!(outcome, "succeeded_after_retry");
+    assert!(
+        events.contains(&(Level::INFO, "retrying request".to_owned())),
+        "{events:?}"
+    );
+}
