@@ -162,6 +162,8 @@ async fn first_try_success_records_outcome_without_warnings() {
     assert_eq!(span["retry.attempts"], "1");
 }
 
+type Events = Vec<(Level, String)>;
+
 /// Sends one request through a layer with `policy` to a handler that answers per path, and
 /// returns the events at each level and the span's outcome.
 async fn levels_for(
@@ -169,7 +171,7 @@ async fn levels_for(
     path: &'static str,
     body: &'static str,
     cancel: bool,
-) -> (Vec<(Level, String)>, String) {
+) -> (Events, String) {
     use axum::response::IntoResponse;
     use http::StatusCode;
     let captured = Captured::default();
@@ -259,7 +261,7 @@ async fn levels_match_what_happened() {
     let not_retried = (Level::WARN, "not retried".to_owned());
     let db_error = (Level::DEBUG, "db error (retryable)".to_owned());
     #[rustfmt::skip]
-    let cases: Vec<(&str, RetryPolicy, &str, &str, Vec<(Level, String)>)> = vec![
+    let cases: Vec<(&str, RetryPolicy, &str, &str, Events)> = vec![
         ("first_try", base(), "/ok", "x", vec![]),
         ("succeeded_after_retry", base(), "/second", "x", vec![db_error.clone(), retrying.clone()]),
         ("exhausted", base(), "/busy", "x", vec![db_error.clone(), retrying.clone(), db_error.clone(), retrying.clone(), db_error.clone(), exhausted.clone()]),
