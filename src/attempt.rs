@@ -3,7 +3,7 @@
 use std::convert::Infallible;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::extract::FromRequestParts;
@@ -57,6 +57,8 @@ pub(crate) struct RequestState {
     /// The inner layer's result: outcome index + 1 in the high 32 bits (0 = none yet),
     /// attempts in the low 32.
     inner: AtomicU64,
+    /// The layer (its shared state's address) whose admission slot this request holds, or 0.
+    admitted_by: AtomicUsize,
 }
 
 impl RequestState {
@@ -78,6 +80,16 @@ impl RequestState {
     pub(crate) fn report(&self, outcome: Outcome, attempts: u32) {
         let packed = ((outcome.index() as u64 + 1) << 32) | u64::from(attempts);
         self.inner.store(packed, Ordering::Release);
+    }
+
+    /// This request holds an admission slot of the layer `layer` (the address of its shared
+    /// state): a clone of that layer nested inside must not wait for another one.
+    pub(crate) fn set_admitted_by(&self, layer: usize) {
+        self.admitted_by.store(layer, Ordering::Release);
+    }
+
+    pub(crate) fn admitted_by(&self) -> usize {
+        self.admitted_by.load(Ordering::Acquire)
     }
 
     /// What the inner layer reported, if it did.

@@ -40,6 +40,7 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 use tracing::Span;
 
+use crate::admission::{Admitted, RouteLimit};
 use crate::attempt::{Attempt, Outcome, RequestState, RetryOutcome};
 use crate::body::{Buffered, Caps, Collected, Collector, NotReplayable, Recording, ReplayBody};
 use crate::classify::{ClassifyError, Retryable};
@@ -50,6 +51,7 @@ use crate::route::Route;
 
 type GateAcquire =
     Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send + 'static>>;
+type AdmitAcquire = Pin<Box<dyn Future<Output = Admitted> + Send + 'static>>;
 
 pin_project! {
     /// The response future of [`SqliteRetry`](crate::SqliteRetry).
@@ -86,6 +88,15 @@ pin_project! {
         prev_delay: Duration,
         total_delay: Duration,
         gate_permit: Option<OwnedSemaphorePermit>,
+        // The route's learned limit, once it has one (writer admission), and this request's
+        // slot under it, held until the request ends.
+        route_limit: Option<Arc<RouteLimit>>,
+        admitted: Option<Admitted>,
+        // An outer clone of this very layer already holds this request's slot.
+        outer_admitted: bool,
+        // When the current wait for a slot or the gate began, and all waits so far.
+        wait_start: Option<Instant>,
+        waited: Duration,
         // The last retryable failure, kept until the next attempt starts: the answer if the
         // deadline passes in between.
         last: Option<Result<S::Response, S::Error>>,
@@ -137,6 +148,9 @@ pin_project! {
     #[project = StateProj]
     enum State<F> {
         Buffering,
+        // Decides which wait comes next: a writer-admission slot, the replay gate, readiness.
+        Queue,
+        Admit { acquire: AdmitAcquire },
         Gate { acquire: GateAcquire },
         Ready,
         Called { #[pin] future: F },
@@ -165,6 +179,7 @@ where
             retry.attempts = tracing::field::Empty,
             retry.outcome = tracing::field::Empty,
             http.request.resend_count = tracing::field::Empty,
+            retry.queue_ms = tracing::field::Empty,
             db.response.status_code = tracing::field::Empty,
             error.type = tracing::field::Empty,
         );
@@ -182,6 +197,10 @@ where
         if let Some(outer) = &outer {
             outer.claim();
         }
+        let outer_admitted = outer
+            .as_ref()
+            .is_some_and(|o| o.admitted_by() == layer_id(&shared));
+        let route_limit = shared.admissions.lookup(&route);
 
         let upgrade = head.method == Method::CONNECT || head.headers.contains_key(header::UPGRADE);
         let declared = head
@@ -211,7 +230,7 @@ where
             }
             (
                 Source::Once(Some(ReplayBody::direct(body)), why),
-                State::Ready,
+                State::Queue,
                 None,
             )
         };
@@ -225,14 +244,14 @@ where
         } else if body.is_end_stream() {
             (
                 Source::Buffered(Buffered::empty()),
-                State::Ready,
+                State::Queue,
                 replayable(),
             )
         } else if expect_continue {
             // The client waits for the go-ahead: let the first attempt read (and so ask for)
             // the body, and record it as it goes.
             let recording = Recording::new(body, shared.counters.clone(), caps, declared);
-            (Source::Recording(recording), State::Ready, replayable())
+            (Source::Recording(recording), State::Queue, replayable())
         } else {
             let collector = Collector::new(body, shared.counters.clone(), caps, declared);
             (
@@ -259,6 +278,11 @@ where
             prev_delay: Duration::ZERO,
             total_delay: Duration::ZERO,
             gate_permit: None,
+            route_limit,
+            admitted: None,
+            outer_admitted,
+            wait_start: None,
+            waited: Duration::ZERO,
             last: None,
             reason: None,
             route,
@@ -267,6 +291,11 @@ where
             shared,
         }
     }
+}
+
+/// A layer's identity, for nested clones of it: the address of its shared state.
+fn layer_id(shared: &Arc<Shared>) -> usize {
+    Arc::as_ptr(shared) as usize
 }
 
 /// A copy of the request head for one attempt.
@@ -341,16 +370,36 @@ where
                     // The deadline runs from here: the upload's pace was the client's.
                     *this.start = Instant::now();
                     *this.deadline = this.start.checked_add(this.shared.policy.deadline);
-                    this.state.set(State::Ready);
+                    this.state.set(State::Queue);
                 }
+                StateProj::Queue => {
+                    let next = this.next_wait();
+                    this.state.set(next);
+                }
+                StateProj::Admit { acquire } => match acquire.as_mut().poll(cx) {
+                    Poll::Ready(admitted) => {
+                        this.admitted_now(admitted);
+                        this.waited_now();
+                        this.state.set(State::Queue);
+                    }
+                    Poll::Pending => {
+                        if deadline_passed(this.timer.as_mut(), *this.deadline, cx) {
+                            this.waited_now();
+                            return Poll::Ready(this.at_deadline());
+                        }
+                        return Poll::Pending;
+                    }
+                },
                 StateProj::Gate { acquire } => match acquire.as_mut().poll(cx) {
                     Poll::Ready(permit) => {
                         // The semaphore lives as long as the layer and is never closed.
                         *this.gate_permit = Some(permit.expect("gate never closed"));
+                        this.waited_now();
                         this.state.set(State::Ready);
                     }
                     Poll::Pending => {
                         if deadline_passed(this.timer.as_mut(), *this.deadline, cx) {
+                            this.waited_now();
                             return Poll::Ready(this.at_deadline());
                         }
                         return Poll::Pending;
@@ -408,8 +457,15 @@ where
                             None => (Verdict::Final { failed: true }, None),
                         },
                     };
+                    if let Some(admitted) = this.admitted.as_ref() {
+                        admitted.route().record(verdict == Verdict::Retryable);
+                    }
                     if reason.is_some() {
                         *this.reason = reason;
+                        if this.route_limit.is_none() && !*this.outer_admitted {
+                            // The route meets contention: from now on its attempts queue.
+                            *this.route_limit = this.shared.admissions.contended(this.route);
+                        }
                     }
                     let n = *this.attempt;
                     let policy = &this.shared.policy;
@@ -451,13 +507,7 @@ where
                 }
                 StateProj::Backoff { sleep } => {
                     ready!(sleep.poll(cx));
-                    match &this.shared.gate {
-                        Some(gate) => {
-                            let acquire = Box::pin(gate.clone().acquire_owned());
-                            this.state.set(State::Gate { acquire });
-                        }
-                        None => this.state.set(State::Ready),
-                    }
+                    this.state.set(State::Queue);
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }
@@ -472,6 +522,57 @@ where
     B::Data: Buf,
     ResBody: Default,
 {
+    /// The next wait before an attempt: a slot on the route (writer admission, held until the
+    /// request ends), then the replay gate (replays only), then the inner service's readiness.
+    fn next_wait(&mut self) -> State<S::Future> {
+        if self.admitted.is_none()
+            && !*self.outer_admitted
+            && let Some(limit) = self.route_limit.as_ref()
+        {
+            match limit.try_admit() {
+                Some(admitted) => self.admitted_now(admitted),
+                None => {
+                    self.shared.counters.queued();
+                    *self.wait_start = Some(Instant::now());
+                    return State::Admit {
+                        acquire: Box::pin(limit.admit()),
+                    };
+                }
+            }
+        }
+        if *self.attempt > 0
+            && self.gate_permit.is_none()
+            && let Some(gate) = &self.shared.gate
+        {
+            match gate.clone().try_acquire_owned() {
+                Ok(permit) => *self.gate_permit = Some(permit),
+                Err(_) => {
+                    *self.wait_start = Some(Instant::now());
+                    return State::Gate {
+                        acquire: Box::pin(gate.clone().acquire_owned()),
+                    };
+                }
+            }
+        }
+        State::Ready
+    }
+
+    fn admitted_now(&mut self, admitted: Admitted) {
+        if let Some(request) = self.request.as_ref() {
+            request.set_admitted_by(layer_id(self.shared));
+        }
+        *self.admitted = Some(admitted);
+    }
+
+    /// A wait for a slot or the gate is over: count it.
+    fn waited_now(&mut self) {
+        if let Some(start) = self.wait_start.take() {
+            let waited = start.elapsed();
+            *self.waited += waited;
+            recorder::queue_wait(self.route.path(), &self.route.method, waited);
+        }
+    }
+
     /// The request for the next attempt (counting it).
     fn next_attempt(&mut self) -> Request<ReplayBody<B>> {
         *self.attempt += 1;
@@ -570,6 +671,13 @@ where
     }
 
     fn end(&mut self, outcome: Outcome, attempts: u32) {
+        // The slot and the gate permit go back as soon as the answer is known.
+        *self.admitted = None;
+        *self.gate_permit = None;
+        if !self.waited.is_zero() {
+            self.span
+                .record("retry.queue_ms", self.waited.as_secs_f64() * 1000.0);
+        }
         record_end(
             self.span,
             self.shared,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tower_layer::Layer;
 
+use crate::admission::Admissions;
 use crate::classify::NeverRetryErrors;
 use crate::metrics::{Counters, RetryMetrics};
 use crate::policy::{InvalidPolicy, RetryPolicy};
@@ -16,6 +17,7 @@ pub(crate) struct Shared {
     pub(crate) policy: RetryPolicy,
     pub(crate) counters: Arc<Counters>,
     pub(crate) gate: Option<Arc<Semaphore>>,
+    pub(crate) admissions: Admissions,
 }
 
 /// A tower [`Layer`] that replays requests whose response carries the
@@ -80,6 +82,7 @@ impl SqliteRetryLayer {
         let gate = policy.replay_gate.map(|n| Arc::new(Semaphore::new(n)));
         Ok(Self {
             shared: Arc::new(Shared {
+                admissions: Admissions::new(policy.admission),
                 policy,
                 counters: Arc::default(),
                 gate,
@@ -125,6 +128,19 @@ impl<C> SqliteRetryLayer<C> {
     /// The policy.
     pub fn policy(&self) -> &RetryPolicy {
         &self.shared.policy
+    }
+
+    /// The routes writer admission has limited so far, as `("METHOD /route/template",
+    /// attempts in flight allowed)`, sorted; empty while no route has failed retryably (or
+    /// with [`Admission::Off`](crate::Admission::Off)).
+    ///
+    /// ```
+    /// # use tower_sqlite_retry::{RetryPolicy, SqliteRetryLayer};
+    /// let layer = SqliteRetryLayer::new(RetryPolicy::default());
+    /// assert!(layer.admission_limits().is_empty());
+    /// ```
+    pub fn admission_limits(&self) -> Vec<(String, u32)> {
+        self.shared.admissions.limits()
     }
 }
 

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod admission;
 mod attempt;
 pub mod body;
 mod classify;
@@ -14,6 +15,7 @@ mod recorder;
 mod route;
 mod service;
 
+pub use admission::Admission;
 pub use attempt::{Attempt, Outcome, RetryOutcome};
 pub use body::ReplayBody;
 pub use classify::{

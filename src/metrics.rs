@@ -14,6 +14,7 @@ pub const HISTOGRAM_BUCKETS: usize = 16;
 pub(crate) struct Counters {
     requests: AtomicU64,
     retries: AtomicU64,
+    queued: AtomicU64,
     outcomes: [AtomicU64; Outcome::ALL.len()],
     histogram: [AtomicU64; HISTOGRAM_BUCKETS],
     buffered_bytes: AtomicUsize,
@@ -27,6 +28,10 @@ impl Counters {
 
     pub(crate) fn retry(&self) {
         self.retries.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn queued(&self) {
+        self.queued.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn finished(&self, outcome: Outcome, attempts: u32) {
@@ -92,6 +97,7 @@ impl RetryMetrics {
         MetricsSnapshot {
             requests: c.requests.load(Relaxed),
             retries: c.retries.load(Relaxed),
+            queued: c.queued.load(Relaxed),
             first_try: outcome(Outcome::FirstTry),
             succeeded_after_retry: outcome(Outcome::SucceededAfterRetry),
             exhausted: outcome(Outcome::Exhausted),
@@ -129,6 +135,9 @@ pub struct MetricsSnapshot {
     pub requests: u64,
     /// Replays started (attempts after the first).
     pub retries: u64,
+    /// Requests that waited for a writer-admission slot (see
+    /// [`RetryPolicy::admission`](crate::RetryPolicy::admission)).
+    pub queued: u64,
     /// Requests that ended with outcome `first_try`.
     pub first_try: u64,
     /// ... `succeeded_after_retry`.

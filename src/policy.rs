@@ -7,6 +7,8 @@ use std::time::Duration;
 use rand::{Rng, RngExt};
 use tower::retry::budget::{Budget, TpsBudget};
 
+use crate::admission::Admission;
+
 /// How a computed backoff delay is randomised.
 ///
 /// Whatever the kind, the delay never exceeds [`RetryPolicy::max_delay`]: the cap is applied
@@ -84,6 +86,7 @@ pub struct RetryPolicy {
     pub(crate) replay_gate: Option<usize>,
     pub(crate) budget: Option<Arc<dyn Budget + Send + Sync>>,
     pub(crate) replay_event_level: tracing::Level,
+    pub(crate) admission: Admission,
 }
 
 impl fmt::Debug for RetryPolicy {
@@ -99,6 +102,7 @@ impl fmt::Debug for RetryPolicy {
             .field("replay_gate", &self.replay_gate)
             .field("budget", &self.budget.as_ref().map(|_| "<budget>"))
             .field("replay_event_level", &self.replay_event_level)
+            .field("admission", &self.admission)
             .finish()
     }
 }
@@ -116,6 +120,7 @@ impl Default for RetryPolicy {
             replay_gate: Some(1),
             budget: None,
             replay_event_level: tracing::Level::DEBUG,
+            admission: Admission::Adaptive,
         }
     }
 }
@@ -314,6 +319,31 @@ impl RetryPolicy {
     pub fn replay_event_level(mut self, level: tracing::Level) -> Self {
         self.replay_event_level = level;
         self
+    }
+
+    /// Writer admission: how attempts of routes that meet contention are queued (see
+    /// [`Admission`]; adaptive by default).
+    ///
+    /// With [`Admission::Adaptive`], a route that fails retryably gets a limit of one attempt
+    /// in flight, raised while its attempts stop colliding and lowered when they collide
+    /// again: SQLite's single writer is then fed one transaction at a time, as one write
+    /// connection with `BEGIN IMMEDIATE` would, and replays stay the safety net for what still
+    /// collides (other processes, checkpoints). Routes that never fail retryably are never
+    /// queued. The wait counts against the deadline.
+    ///
+    /// ```
+    /// # use tower_sqlite_retry::{Admission, RetryPolicy};
+    /// let policy = RetryPolicy::default().admission(Admission::Off);
+    /// assert_eq!(policy.get_admission(), Admission::Off);
+    /// ```
+    pub fn admission(mut self, admission: Admission) -> Self {
+        self.admission = admission;
+        self
+    }
+
+    /// The writer admission mode.
+    pub fn get_admission(&self) -> Admission {
+        self.admission
     }
 
     /// The level of the per-replay event.

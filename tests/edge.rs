@@ -25,8 +25,8 @@ use tower::limit::ConcurrencyLimitLayer;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_http::timeout::RequestBodyDeadlineLayer;
 use tower_sqlite_retry::{
-    Attempt, Jitter, Outcome, ReplayBody, RetryOutcome, RetryPolicy, Retryable, SqliteRetryLayer,
-    SqlxErrors,
+    Admission, Attempt, Jitter, Outcome, ReplayBody, RetryOutcome, RetryPolicy, Retryable,
+    SqliteRetryLayer, SqlxErrors,
 };
 
 use common::serve;
@@ -301,7 +301,9 @@ async fn the_deadline_bounds_the_wait_at_the_replay_gate() {
     // A fails once; its replay (holding the gate, one permit) takes 4 s. B fails once 300 ms
     // later and waits for the gate: it is answered at its deadline, 1 s after it came in.
     let ms = Duration::from_millis;
-    let policy = quick(5).deadline(ms(1000));
+    // Writer admission off: this is about the replay gate alone (with it, B would wait for the
+    // route's slot instead; see tests/admission.rs).
+    let policy = quick(5).deadline(ms(1000)).admission(Admission::Off);
     let svc = ServiceBuilder::new()
         .layer(SqliteRetryLayer::new(policy))
         .service_fn(move |req: Request<ReplayBody<Body>>| async move {

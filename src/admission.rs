@@ -1,0 +1,393 @@
+//! Writer admission: a learned limit on each contended route's attempts in flight.
+//!
+//! SQLite has one writer. When two write transactions overlap, one of them fails
+//! (`SQLITE_BUSY`, `SQLITE_BUSY_SNAPSHOT`) and has to run again: contention is cheapest when it
+//! never happens. The expert's answer is one write connection and `BEGIN IMMEDIATE`; this
+//! module gets the same effect without touching the handler or the pool, by queueing the
+//! attempts of the routes that collide.
+//!
+//! - A route that never meets a retryable failure is never limited and pays a relaxed atomic
+//!   load per request (the layer has no limited route), or one map look-up (it has some).
+//! - The first retryable failure on a route gives it a limit of one attempt in flight. From
+//!   then on its attempts wait for a slot, first come first served (tokio's fair semaphore),
+//!   *after* their body is read and *before* the inner service's readiness is taken, for at
+//!   most the policy's deadline. A request keeps its slot through its backoff and replays, so a
+//!   replay never goes to the back of the queue.
+//! - The limit follows AIMD, as TCP's window and Netflix's `concurrency-limits` do: an
+//!   admitted attempt that fails retryably lowers it (multiplicatively, at most once per round
+//!   of the limit's worth of attempts, never below one); a run of clean attempts while
+//!   requests are waiting raises it by one (a probe). A probe that is followed by a collision
+//!   makes the next probe wait twice as long, so a route whose best limit is one (a SQLite
+//!   write route) probes ever more rarely, while a route whose handler spends most of its time
+//!   outside the database (or runs on PostgreSQL) climbs to the concurrency it can use.
+//!
+//! Why not tower's `ConcurrencyLimit`: its limit is fixed and known up front, applies to every
+//! request of the route (reads too, unless the route is split by method), and takes its permit
+//! in `poll_ready`, before the layer has the body. Why not a gradient limiter (latency-based,
+//! Netflix's `Gradient2`, Envoy's adaptive concurrency): the signal here is exact (the
+//! database *says* two transactions collided), where latency is a noisy proxy for it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use http::Method;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::route::Route;
+
+/// How a layer admits the attempts of routes that meet contention; see
+/// [`RetryPolicy::admission`](crate::RetryPolicy::admission).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Admission {
+    /// Every attempt runs at once, as in the first release; replays still pass the replay
+    /// gate.
+    Off,
+    /// A limit per route, learned from the retryable failures it meets (the default). Routes
+    /// that never meet one are never queued.
+    #[default]
+    Adaptive,
+}
+
+/// The most attempts in flight a learned limit grows to.
+const MAX_LIMIT: u32 = 256;
+/// Clean attempts (with requests waiting) before the first probe of a higher limit.
+const PROBE_MIN: u32 = 16;
+/// The longest wait between probes, in clean attempts.
+const PROBE_MAX: u32 = 4096;
+
+/// Every route's limit, for one layer.
+pub(crate) struct Admissions {
+    mode: Admission,
+    /// Whether any route has met contention: until then no request looks anything up.
+    any: AtomicBool,
+    routes: RwLock<ByMethod>,
+}
+
+/// Route limits by method, then by route template (`""` when the route is unknown).
+type ByMethod = HashMap<Method, HashMap<Box<str>, Arc<RouteLimit>>>;
+
+impl Admissions {
+    pub(crate) fn new(mode: Admission) -> Self {
+        Self {
+            mode,
+            any: AtomicBool::new(false),
+            routes: RwLock::default(),
+        }
+    }
+
+    /// The route's limit, if it has one.
+    pub(crate) fn lookup(&self, route: &Route) -> Option<Arc<RouteLimit>> {
+        if !self.any.load(Ordering::Acquire) {
+            return None;
+        }
+        let routes = self.routes.read().unwrap_or_else(|e| e.into_inner());
+        routes
+            .get(&route.method)?
+            .get(route.path().unwrap_or(""))
+            .cloned()
+    }
+
+    /// A retryable failure on `route`: its limit, created (at one attempt in flight) if the
+    /// route had none. `None` when admission is off.
+    pub(crate) fn contended(&self, route: &Route) -> Option<Arc<RouteLimit>> {
+        if self.mode == Admission::Off {
+            return None;
+        }
+        if let Some(limit) = self.lookup(route) {
+            return Some(limit);
+        }
+        let mut routes = self.routes.write().unwrap_or_else(|e| e.into_inner());
+        let limit = routes
+            .entry(route.method.clone())
+            .or_default()
+            .entry(route.path().unwrap_or("").into())
+            .or_insert_with(|| Arc::new(RouteLimit::new()))
+            .clone();
+        self.any.store(true, Ordering::Release);
+        Some(limit)
+    }
+
+    /// Every limited route's current limit (`METHOD path`, limit), for reports.
+    pub(crate) fn limits(&self) -> Vec<(String, u32)> {
+        let routes = self.routes.read().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<_> = routes
+            .iter()
+            .flat_map(|(method, paths)| {
+                paths
+                    .iter()
+                    .map(move |(path, limit)| (format!("{method} {path}"), limit.limit()))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+}
+
+/// One route's learned limit and its queue.
+pub(crate) struct RouteLimit {
+    semaphore: Arc<Semaphore>,
+    /// Requests waiting for a slot now.
+    waiting: AtomicU32,
+    /// Permits to retire as they come back (the limit was lowered while they were held).
+    debt: AtomicU32,
+    state: Mutex<Aimd>,
+}
+
+struct Aimd {
+    limit: u32,
+    /// Admitted attempts finished since the limit last changed.
+    since_change: u32,
+    /// Attempts that may have been in flight together when the limit last changed (the
+    /// higher of the two limits): collisions within that many attempts are one overlap.
+    round: u32,
+    /// Clean attempts (with requests waiting) before the next probe.
+    probe_every: u32,
+    /// The last change was a probe not yet confirmed by a clean round.
+    probing: bool,
+}
+
+impl RouteLimit {
+    fn new() -> Self {
+        Self {
+            semaphore: Arc::new(Semaphore::new(1)),
+            waiting: AtomicU32::new(0),
+            debt: AtomicU32::new(0),
+            state: Mutex::new(Aimd {
+                limit: 1,
+                since_change: 0,
+                round: 1,
+                probe_every: PROBE_MIN,
+                probing: false,
+            }),
+        }
+    }
+
+    pub(crate) fn limit(&self) -> u32 {
+        self.lock().limit
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Aimd> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A slot at once, if one is free (never ahead of a waiting request: tokio hands a
+    /// returned permit to the first waiter directly).
+    pub(crate) fn try_admit(self: &Arc<Self>) -> Option<Admitted> {
+        let permit = self.semaphore.clone().try_acquire_owned().ok()?;
+        Some(Admitted {
+            permit: Some(permit),
+            route: self.clone(),
+        })
+    }
+
+    /// Waits for a slot, in arrival order. The wait ends when the returned future completes
+    /// or is dropped.
+    pub(crate) fn admit(
+        self: &Arc<Self>,
+    ) -> impl std::future::Future<Output = Admitted> + Send + 'static {
+        let route = self.clone();
+        route.waiting.fetch_add(1, Ordering::Relaxed);
+        let waiting = Waiting(route.clone());
+        async move {
+            let permit = route
+                .semaphore
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("admission semaphore never closed");
+            drop(waiting);
+            Admitted {
+                permit: Some(permit),
+                route,
+            }
+        }
+    }
+
+    /// How an admitted attempt ended: `collided` when it failed retryably.
+    pub(crate) fn record(&self, collided: bool) {
+        let mut s = self.lock();
+        s.since_change = s.since_change.saturating_add(1);
+        if collided {
+            // At most one decrease per round of the limit's worth of attempts: the attempts
+            // of one overlap all fail together.
+            if s.limit > 1 && (s.probing || s.since_change >= s.round) {
+                let lower = (s.limit * 3 / 4).clamp(1, s.limit - 1);
+                s.round = s.limit;
+                self.debt.fetch_add(s.limit - lower, Ordering::AcqRel);
+                // Permits free right now retire at once; held ones as they come back.
+                let retired = self.semaphore.forget_permits((s.limit - lower) as usize) as u32;
+                self.debt.fetch_sub(retired, Ordering::AcqRel);
+                s.limit = lower;
+                s.since_change = 0;
+            }
+            if s.probing {
+                // The probe found contention: probe half as often.
+                s.probe_every = (s.probe_every * 2).min(PROBE_MAX);
+                s.probing = false;
+            }
+            return;
+        }
+        if s.since_change < s.probe_every {
+            return;
+        }
+        if s.probing {
+            // A clean round at the probed limit: keep it, and probe sooner again.
+            s.probing = false;
+            s.probe_every = (s.probe_every / 2).max(PROBE_MIN);
+        }
+        if self.waiting.load(Ordering::Relaxed) > 0 && s.limit < MAX_LIMIT {
+            s.limit += 1;
+            s.round = s.limit;
+            s.since_change = 0;
+            s.probing = true;
+            // Pay back a retired permit rather than add one, if any is still owed.
+            let repaid = self
+                .debt
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| d.checked_sub(1))
+                .is_ok();
+            if !repaid {
+                self.semaphore.add_permits(1);
+            }
+        }
+    }
+}
+
+/// Counts a request as waiting until it gets its slot or gives up.
+struct Waiting(Arc<RouteLimit>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A slot on a limited route, held from admission until the request ends (through its
+/// backoffs and replays).
+pub(crate) struct Admitted {
+    permit: Option<OwnedSemaphorePermit>,
+    route: Arc<RouteLimit>,
+}
+
+impl Admitted {
+    pub(crate) fn route(&self) -> &Arc<RouteLimit> {
+        &self.route
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        let retire = self
+            .route
+            .debt
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| d.checked_sub(1))
+            .is_ok();
+        if retire {
+            permit.forget();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limited() -> Arc<RouteLimit> {
+        Arc::new(RouteLimit::new())
+    }
+
+    /// Holds `n` slots at once (as `n` requests in flight would).
+    fn hold(route: &Arc<RouteLimit>, n: usize) -> Vec<Admitted> {
+        (0..n)
+            .map(|_| route.try_admit().expect("a free slot"))
+            .collect()
+    }
+
+    #[test]
+    fn a_new_route_admits_one_at_a_time() {
+        let route = limited();
+        let first = route.try_admit().unwrap();
+        assert!(route.try_admit().is_none());
+        drop(first);
+        assert!(route.try_admit().is_some());
+    }
+
+    #[test]
+    fn probes_only_while_requests_wait() {
+        let route = limited();
+        for _ in 0..10 * PROBE_MIN {
+            route.record(false);
+        }
+        assert_eq!(route.limit(), 1, "nobody waiting: no reason to raise");
+        route.waiting.fetch_add(1, Ordering::Relaxed);
+        for _ in 0..PROBE_MIN {
+            route.record(false);
+        }
+        assert_eq!(route.limit(), 2);
+        assert_eq!(route.semaphore.available_permits(), 2);
+    }
+
+    #[test]
+    fn a_failed_probe_lowers_the_limit_and_doubles_the_probe_interval() {
+        let route = limited();
+        route.waiting.fetch_add(1, Ordering::Relaxed);
+        for _ in 0..PROBE_MIN {
+            route.record(false);
+        }
+        assert_eq!(route.limit(), 2);
+        let held = hold(&route, 2);
+        route.record(true);
+        assert_eq!(route.limit(), 1);
+        // Both slots are held: one retires when it comes back, the other stays.
+        drop(held);
+        assert_eq!(route.semaphore.available_permits(), 1);
+        assert_eq!(route.lock().probe_every, 2 * PROBE_MIN);
+        for _ in 0..2 * PROBE_MIN - 1 {
+            route.record(false);
+        }
+        assert_eq!(route.limit(), 1, "the next probe waits twice as long");
+        route.record(false);
+        assert_eq!(route.limit(), 2);
+    }
+
+    #[test]
+    fn one_overlap_lowers_the_limit_once() {
+        let route = limited();
+        route.waiting.fetch_add(1, Ordering::Relaxed);
+        // Climb to 8, each probe confirmed by a clean round.
+        while route.limit() < 8 {
+            route.record(false);
+        }
+        let limit = route.limit();
+        let before = route.lock().since_change;
+        assert!(before < limit);
+        // Eight attempts of one round collide together.
+        for _ in 0..8 {
+            route.record(true);
+        }
+        let after = route.limit();
+        assert!(
+            after >= limit * 3 / 4 - 1 && after < limit,
+            "{limit} -> {after}"
+        );
+    }
+
+    #[test]
+    fn never_below_one_nor_above_the_maximum() {
+        let route = limited();
+        for _ in 0..100 {
+            route.record(true);
+        }
+        assert_eq!(route.limit(), 1);
+        route.waiting.fetch_add(1, Ordering::Relaxed);
+        for _ in 0..(MAX_LIMIT as usize + 10) * PROBE_MIN as usize {
+            route.record(false);
+        }
+        assert_eq!(route.limit(), MAX_LIMIT);
+        assert_eq!(route.semaphore.available_permits(), MAX_LIMIT as usize);
+    }
+}

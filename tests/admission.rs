@@ -1,0 +1,242 @@
+//! Writer admission: a route is queued only once it has met contention, first come first
+//! served, within the deadline; routes that never fail retryably are never queued.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use http::{Request, StatusCode};
+use tower::{ServiceBuilder, ServiceExt};
+use tower_sqlite_retry::{
+    Admission, Jitter, Outcome, ReplayBody, RetryOutcome, RetryPolicy, Retryable, SqliteRetryLayer,
+    SqlxErrors,
+};
+
+fn busy() -> Response {
+    let mut res = StatusCode::SERVICE_UNAVAILABLE.into_response();
+    res.extensions_mut()
+        .insert(Retryable::new("517", "SQLITE_BUSY_SNAPSHOT"));
+    res
+}
+
+fn policy() -> RetryPolicy {
+    RetryPolicy::default()
+        .max_attempts(5)
+        .base_delay(Duration::from_millis(1))
+        .max_delay(Duration::from_millis(1))
+        .jitter(Jitter::None)
+}
+
+#[derive(Clone, Default)]
+struct Probe {
+    /// Fail the next attempt retryably.
+    fail_next: Arc<AtomicBool>,
+    in_flight: Arc<AtomicU32>,
+    max_in_flight: Arc<AtomicU32>,
+    order: Arc<Mutex<Vec<String>>>,
+}
+
+impl Probe {
+    async fn work(&self, name: String) -> Response {
+        if self.fail_next.swap(false, Ordering::SeqCst) {
+            return busy();
+        }
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        self.order.lock().unwrap().push(name);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        StatusCode::OK.into_response()
+    }
+
+    fn take_max(&self) -> u32 {
+        self.max_in_flight.swap(0, Ordering::SeqCst)
+    }
+}
+
+fn app(layer: SqliteRetryLayer, probe: Probe) -> Router {
+    Router::new()
+        .route(
+            "/w/{id}",
+            post(|State(p): State<Probe>, axum::extract::Path(id): axum::extract::Path<String>| async move {
+                p.work(id).await
+            }),
+        )
+        .route(
+            "/r/{id}",
+            get(|State(p): State<Probe>, axum::extract::Path(id): axum::extract::Path<String>| async move {
+                p.work(id).await
+            }),
+        )
+        .layer(layer)
+        .with_state(probe)
+}
+
+/// Sends `n` requests, each one only once the one before is queued (or running), so that
+/// their arrival order is known; returns their answers.
+async fn burst(app: &Router, method: &str, prefix: &str, n: usize) -> Vec<Response> {
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let req = Request::builder()
+            .method(method)
+            .uri(format!("{prefix}/{i}"))
+            .body(Body::empty())
+            .unwrap();
+        tasks.push(tokio::spawn(app.clone().oneshot(req)));
+        // Let it reach the handler or the queue before the next one comes.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap().unwrap());
+    }
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_route_is_queued_only_after_it_collides() {
+    let layer = SqliteRetryLayer::new(policy());
+    let probe = Probe::default();
+    let app = app(layer.clone(), probe.clone());
+
+    // No contention yet: writes and reads run side by side, nobody waits.
+    burst(&app, "POST", "/w", 5).await;
+    assert_eq!(probe.take_max(), 5);
+    assert!(layer.admission_limits().is_empty());
+    assert_eq!(layer.metrics().snapshot().queued, 0);
+
+    // One write meets contention: its route gets a limit of one attempt in flight.
+    probe.fail_next.store(true, Ordering::SeqCst);
+    let res = app
+        .clone()
+        .oneshot(Request::post("/w/x").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        res.extensions().get::<RetryOutcome>().unwrap().outcome(),
+        Outcome::SucceededAfterRetry
+    );
+    assert_eq!(layer.admission_limits(), [("POST /w/{id}".to_owned(), 1)]);
+    probe.take_max();
+    probe.order.lock().unwrap().clear();
+
+    // Now writes take turns, first come first served; the wait is counted.
+    let answers = burst(&app, "POST", "/w", 5).await;
+    assert!(answers.iter().all(|r| r.status() == StatusCode::OK));
+    assert_eq!(probe.take_max(), 1, "one write at a time");
+    assert_eq!(
+        *probe.order.lock().unwrap(),
+        ["0", "1", "2", "3", "4"],
+        "in arrival order"
+    );
+    assert_eq!(layer.metrics().snapshot().queued, 4);
+
+    // Reads never met contention: never queued.
+    burst(&app, "GET", "/r", 5).await;
+    assert_eq!(probe.take_max(), 5);
+    assert_eq!(layer.metrics().snapshot().queued, 4);
+    assert_eq!(layer.admission_limits().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn admission_off_never_queues() {
+    let layer = SqliteRetryLayer::new(policy().admission(Admission::Off));
+    let probe = Probe::default();
+    let app = app(layer.clone(), probe.clone());
+    probe.fail_next.store(true, Ordering::SeqCst);
+    burst(&app, "POST", "/w", 5).await;
+    burst(&app, "POST", "/w", 5).await;
+    assert_eq!(probe.take_max(), 5);
+    assert!(layer.admission_limits().is_empty());
+    assert_eq!(layer.metrics().snapshot().queued, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_bounds_the_wait_for_a_slot() {
+    let ms = Duration::from_millis;
+    let layer = SqliteRetryLayer::new(policy().deadline(ms(1000)));
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let svc = ServiceBuilder::new().layer(layer.clone()).service_fn(
+        move |req: Request<ReplayBody<Body>>| {
+            let n = c.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n == 0 {
+                    return Ok::<_, Infallible>(busy());
+                }
+                if req.uri().path() == "/slow" {
+                    tokio::time::sleep(ms(5000)).await;
+                }
+                Ok(StatusCode::OK.into_response())
+            }
+        },
+    );
+    // The first request meets contention, and so limits the route.
+    let first = svc
+        .clone()
+        .oneshot(Request::post("/").body(Body::empty()).unwrap());
+    assert_eq!(first.await.unwrap().status(), StatusCode::OK);
+    // A slow one holds the slot for 5 s; the next gives up waiting at its deadline.
+    let slow = tokio::spawn(
+        svc.clone()
+            .oneshot(Request::post("/slow").body(Body::empty()).unwrap()),
+    );
+    tokio::task::yield_now().await;
+    let start = tokio::time::Instant::now();
+    let res = svc
+        .clone()
+        .oneshot(Request::post("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), ms(1000));
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(res.headers().contains_key(http::header::RETRY_AFTER));
+    let o = *res.extensions().get::<RetryOutcome>().unwrap();
+    assert_eq!((o.outcome(), o.attempts()), (Outcome::Deadline, 0));
+    assert_eq!(slow.await.unwrap().unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "the one that gave up never ran"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_layer_nested_in_itself_never_waits_for_its_own_slot() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let layer = SqliteRetryLayer::new(policy()).classify_errors(SqlxErrors);
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .layer(layer.clone())
+        .service_fn(move |_: Request<ReplayBody<ReplayBody<Body>>>| {
+            let n = c.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n == 0 {
+                    Err::<Response, tower::BoxError>(Box::new(sqlx::Error::PoolTimedOut))
+                } else {
+                    Ok(StatusCode::OK.into_response())
+                }
+            }
+        });
+    for _ in 0..3 {
+        let res = tokio::time::timeout(
+            Duration::from_secs(60),
+            svc.clone()
+                .oneshot(Request::post("/").body(Body::empty()).unwrap()),
+        )
+        .await
+        .expect("no deadlock on the route's one slot");
+        assert_eq!(res.unwrap().status(), StatusCode::OK);
+    }
+    assert_eq!(layer.admission_limits(), [("POST ".to_owned(), 1)]);
+}
