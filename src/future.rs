@@ -73,7 +73,7 @@ pin_project! {
     #[project = StateProj]
     enum State<F> {
         Buffering,
-        Gate { acquire: GateAcquire },
+        Gate { acquire: GateAcquire, since: Instant },
         Ready,
         Called { #[pin] future: F },
         Sleeping { #[pin] sleep: Sleep },
@@ -222,9 +222,14 @@ where
                     };
                     this.state.set(State::Ready);
                 }
-                StateProj::Gate { acquire } => {
+                StateProj::Gate { acquire, since } => {
                     // The semaphore lives as long as the layer and is never closed.
                     let permit = ready!(acquire.as_mut().poll(cx)).expect("gate never closed");
+                    crate::recorder::queue_wait(
+                        route_str(this.route),
+                        this.method,
+                        since.elapsed(),
+                    );
                     *this.gate_permit = Some(permit);
                     this.state.set(State::Ready);
                 }
@@ -241,6 +246,14 @@ where
                             Outcome::NonRetryable
                         };
                         finish_span(this.span, this.shared, outcome, (*this.attempt).max(1));
+                        crate::recorder::request_finished(
+                            route_str(this.route),
+                            this.method,
+                            outcome,
+                            None,
+                            (*this.attempt).max(1),
+                            *this.total_delay,
+                        );
                         this.state.set(State::Done);
                         return Poll::Ready(Err(e));
                     }
@@ -293,6 +306,14 @@ where
                             Ok(res) if !is_failure(res) => Outcome::SucceededAfterRetry,
                             _ => Outcome::NonRetryable,
                         };
+                        crate::recorder::request_finished(
+                            route_str(this.route),
+                            this.method,
+                            outcome,
+                            None,
+                            n,
+                            *this.total_delay,
+                        );
                         this.state.set(State::Done);
                         return Poll::Ready(finish(
                             result,
@@ -363,6 +384,14 @@ where
                             }
                             _ => stop_event!(tracing::Level::WARN, "not retried"),
                         }
+                        crate::recorder::request_finished(
+                            route_str(this.route),
+                            this.method,
+                            outcome,
+                            Some(reason.name()),
+                            n,
+                            *this.total_delay,
+                        );
                         this.state.set(State::Done);
                         return Poll::Ready(finish(
                             result,
@@ -384,6 +413,7 @@ where
                         "retrying request"
                     );
                     this.shared.counters.retry();
+                    crate::recorder::replay(route_str(this.route), this.method, reason.name());
                     // The failed attempt's response is dropped here, before the backoff.
                     drop(result);
                     *this.prev_delay = delay;
@@ -396,7 +426,8 @@ where
                     match &this.shared.gate {
                         Some(gate) => {
                             let acquire = Box::pin(gate.clone().acquire_owned());
-                            this.state.set(State::Gate { acquire });
+                            let since = Instant::now();
+                            this.state.set(State::Gate { acquire, since });
                         }
                         None => this.state.set(State::Ready),
                     }
@@ -405,6 +436,10 @@ where
             }
         }
     }
+}
+
+fn route_str(route: &Option<MatchedPath>) -> Option<&str> {
+    route.as_ref().map(MatchedPath::as_str)
 }
 
 fn finish_span(span: &Span, shared: &Shared, outcome: Outcome, attempts: u32) {

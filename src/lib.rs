@@ -9,6 +9,11 @@ pub mod future;
 mod layer;
 mod metrics;
 mod policy;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod recorder;
+#[cfg(not(feature = "metrics"))]
+mod recorder;
 mod service;
 
 pub use attempt::{Attempt, Outcome, RetryOutcome};
