@@ -33,7 +33,7 @@
 //!   the router from outside, or the request fell through to a fallback).
 //! - `http_request_method`: `GET`, `HEAD`, `POST`, `PUT`, `DELETE`, `CONNECT`, `OPTIONS`,
 //!   `TRACE`, `PATCH`; any other method is `_OTHER` (as OpenTelemetry's `http.request.method`).
-//! - `outcome`: one of [`Outcome`](crate::Outcome)'s names (`first_try`,
+//! - `outcome`: one of [`Outcome`]'s names (`first_try`,
 //!   `succeeded_after_retry`, `exhausted`, `deadline`, `budget_exhausted`, `not_replayable`,
 //!   `fenced`, `non_retryable`).
 //! - `error_type`: the retryable error's name ([`Retryable::name`](crate::Retryable::name):
@@ -66,57 +66,62 @@
 //! is built: **install the recorder before building the layers**, or the exporter has no help
 //! text and no units for them (the values are recorded all the same).
 //!
-//! # Example
-//!
-//! With `metrics-exporter-prometheus` installed by the application, the text a `GET /metrics`
-//! handler would answer with:
-//!
-//! ```
-//! use axum::body::Body;
-//! use axum::routing::post;
-//! use axum::Router;
-//! use http::Request;
-//! use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-//! use tower::ServiceExt;
-//! use tower_sqlite_retry::{recorder, RetryPolicy, SqliteRetryLayer};
-//!
-//! #[tokio::main(flavor = "current_thread")]
-//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//!     // The application installs an exporter, before it builds the layers. Buckets make the
-//!     // histograms true Prometheus histograms (summaries otherwise).
-//!     let prometheus = PrometheusBuilder::new()
-//!         .set_buckets_for_metric(
-//!             Matcher::Full(recorder::ATTEMPTS.to_owned()),
-//!             recorder::ATTEMPTS_BUCKETS,
-//!         )?
-//!         .set_buckets_for_metric(
-//!             Matcher::Suffix("_seconds".to_owned()),
-//!             recorder::SECONDS_BUCKETS,
-//!         )?
-//!         .install_recorder()?;
-//!     // (A long-running service also calls `prometheus.run_upkeep()` every few seconds.)
-//!
-//!     let app = Router::new()
-//!         .route("/orders", post(|| async { "created" }))
-//!         .layer(SqliteRetryLayer::new(RetryPolicy::default()));
-//!     let request = Request::post("/orders").body(Body::empty())?;
-//!     app.oneshot(request).await?;
-//!
-//!     let text = prometheus.render();
-//!     assert!(text.contains(
-//!         "# TYPE tower_sqlite_retry_requests_total counter\n\
-//!          tower_sqlite_retry_requests_total\
-//!          {http_route=\"/orders\",http_request_method=\"POST\",outcome=\"first_try\"} 1\n"
-//!     ));
-//!     assert!(text.contains(
-//!         "tower_sqlite_retry_attempts_bucket\
-//!          {http_route=\"/orders\",http_request_method=\"POST\",le=\"1\"} 1\n"
-//!     ));
-//!     Ok(())
-//! }
-//! ```
-//!
 //! [`metrics-exporter-prometheus`]: https://docs.rs/metrics-exporter-prometheus
+// The example runs as a doctest only where it can compile: with the feature.
+#![cfg_attr(
+    feature = "metrics",
+    doc = r##"
+# Example
+
+With `metrics-exporter-prometheus` installed by the application, the text a `GET /metrics`
+handler would answer with:
+
+```
+use axum::body::Body;
+use axum::routing::post;
+use axum::Router;
+use http::Request;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use tower::ServiceExt;
+use tower_sqlite_retry::{recorder, RetryPolicy, SqliteRetryLayer};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // The application installs an exporter, before it builds the layers. Buckets make the
+    // histograms true Prometheus histograms (summaries otherwise).
+    let prometheus = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full(recorder::ATTEMPTS.to_owned()),
+            recorder::ATTEMPTS_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Suffix("_seconds".to_owned()),
+            recorder::SECONDS_BUCKETS,
+        )?
+        .install_recorder()?;
+    // (A long-running service also calls `prometheus.run_upkeep()` every few seconds.)
+
+    let app = Router::new()
+        .route("/orders", post(|| async { "created" }))
+        .layer(SqliteRetryLayer::new(RetryPolicy::default()));
+    let request = Request::post("/orders").body(Body::empty())?;
+    app.oneshot(request).await?;
+
+    let text = prometheus.render();
+    assert!(text.contains(
+        "# TYPE tower_sqlite_retry_requests_total counter\n\
+         tower_sqlite_retry_requests_total\
+         {http_route=\"/orders\",http_request_method=\"POST\",outcome=\"first_try\"} 1\n"
+    ));
+    assert!(text.contains(
+        "tower_sqlite_retry_attempts_bucket\
+         {http_route=\"/orders\",http_request_method=\"POST\",le=\"1\"} 1\n"
+    ));
+    Ok(())
+}
+```
+"##
+)]
 
 use std::time::Duration;
 
@@ -352,4 +357,105 @@ pub(crate) fn buffered_bytes(delta: isize) {
     emit::buffered_bytes(delta);
     #[cfg(not(feature = "metrics"))]
     let _ = delta;
+}
+
+#[cfg(all(test, feature = "metrics"))]
+mod tests {
+    use std::time::Duration;
+
+    use http::Method;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    use crate::attempt::Outcome;
+
+    /// The labels of every series emitted by `f`, as `name{k=v,...}`, with the values.
+    fn emitted(f: impl FnOnce()) -> Vec<(String, DebugValue)> {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, f);
+        let mut out: Vec<_> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let key = key.key();
+                let labels: Vec<_> = key
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                (format!("{}{{{}}}", key.name(), labels.join(",")), value)
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    #[test]
+    fn unknown_routes_and_methods_get_fixed_label_values() {
+        let purge = Method::from_bytes(b"PURGE").unwrap();
+        let lower_get = Method::from_bytes(b"get").unwrap();
+        let out = emitted(|| {
+            super::replay(None, &purge, "SQLITE_BUSY");
+            super::replay(Some("/a/{id}"), &lower_get, "SQLITE_BUSY");
+            super::replay(Some("/a/{id}"), &Method::PATCH, "SQLITE_BUSY");
+        });
+        let names: Vec<_> = out.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "tower_sqlite_retry_replays_total{http_route=/a/{id},http_request_method=PATCH,error_type=SQLITE_BUSY}",
+                "tower_sqlite_retry_replays_total{http_route=/a/{id},http_request_method=_OTHER,error_type=SQLITE_BUSY}",
+                "tower_sqlite_retry_replays_total{http_route=_unknown,http_request_method=_OTHER,error_type=SQLITE_BUSY}",
+            ]
+        );
+    }
+
+    #[test]
+    fn error_type_is_a_label_only_when_given() {
+        let out = emitted(|| {
+            let finished = |outcome, error_type| {
+                super::request_finished(
+                    Some("/a"),
+                    &Method::POST,
+                    outcome,
+                    error_type,
+                    3,
+                    Duration::from_millis(250),
+                );
+            };
+            finished(Outcome::SucceededAfterRetry, None);
+            finished(Outcome::Deadline, Some("SQLITE_BUSY_SNAPSHOT"));
+        });
+        let names: Vec<_> = out.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "tower_sqlite_retry_attempts{http_route=/a,http_request_method=POST}",
+                "tower_sqlite_retry_backoff_seconds{http_route=/a,http_request_method=POST}",
+                "tower_sqlite_retry_requests_total{http_route=/a,http_request_method=POST,outcome=deadline,error_type=SQLITE_BUSY_SNAPSHOT}",
+                "tower_sqlite_retry_requests_total{http_route=/a,http_request_method=POST,outcome=succeeded_after_retry}",
+            ]
+        );
+        let histogram =
+            |xs: &[f64]| DebugValue::Histogram(xs.iter().map(|x| (*x).into()).collect());
+        assert_eq!(out[0].1, histogram(&[3.0, 3.0]));
+        assert_eq!(out[1].1, histogram(&[0.25, 0.25]));
+    }
+
+    #[test]
+    fn the_gauge_moves_both_ways() {
+        let out = emitted(|| {
+            super::buffered_bytes(1000);
+            super::buffered_bytes(24);
+            super::buffered_bytes(0);
+            super::buffered_bytes(-1000);
+        });
+        assert_eq!(
+            out,
+            [(
+                "tower_sqlite_retry_buffered_bytes{}".to_owned(),
+                DebugValue::Gauge(24.0.into())
+            )]
+        );
+    }
 }
