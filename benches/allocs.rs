@@ -16,6 +16,10 @@
 //! extensions): the yardstick for the rule that the layer adds no more than one copy of
 //! the head.
 //!
+//! With the `metrics` feature (`cargo bench --features metrics --bench allocs`), `layer` emits
+//! its metrics into the facade's no-op recorder (none is installed), and a fifth contender,
+//! `layer + prometheus`, into `metrics-exporter-prometheus`' recorder, set for this thread.
+//!
 //! Results go to stdout (Markdown) and `benches/results/allocs.json`.
 
 mod common;
@@ -60,13 +64,22 @@ fn copy_head(req: Request<Body>) -> Request<Body> {
     req
 }
 
-const CONTENDERS: [&str; 4] = ["bare", "bare + head copy", "layer", "tower_retry"];
+const CONTENDERS: &[&str] = &[
+    "bare",
+    "bare + head copy",
+    "layer",
+    "tower_retry",
+    #[cfg(feature = "metrics")]
+    "layer + prometheus",
+];
 
 fn app(contender: &str) -> Router {
     match contender {
         "bare" => router(),
         "bare + head copy" => router().layer(tower::util::MapRequestLayer::new(copy_head)),
-        "layer" => router().layer(SqliteRetryLayer::new(RetryPolicy::default())),
+        "layer" | "layer + prometheus" => {
+            router().layer(SqliteRetryLayer::new(RetryPolicy::default()))
+        }
         "tower_retry" => router().layer(BufferedRetryLayer::new(ReplayPolicy::new(
             Duration::from_millis(2),
             Duration::from_millis(100),
@@ -127,7 +140,16 @@ fn main() {
     for (size, len) in SIZES {
         let payload = Bytes::from(vec![b'x'; len]);
         let mut bare = (0.0, 0.0);
-        for contender in CONTENDERS {
+        for &contender in CONTENDERS {
+            // The recorder (built before counting starts) takes this thread's metrics for the
+            // contender's warm-up and run.
+            #[cfg(feature = "metrics")]
+            let prometheus = (contender == "layer + prometheus")
+                .then(|| metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder());
+            #[cfg(feature = "metrics")]
+            let _local = prometheus
+                .as_ref()
+                .map(|r| metrics::set_default_local_recorder(r));
             let app = app(contender);
             // Warm up: lazily initialised statics, thread-local RNGs, tracing callsites.
             rt.block_on(async {

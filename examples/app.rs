@@ -13,6 +13,7 @@
 //! curl -s 'http://127.0.0.1:3000/items?limit=10&after=0'
 //! curl -i http://127.0.0.1:3000/items/1
 //! curl -s http://127.0.0.1:3000/stats
+//! curl -s http://127.0.0.1:3000/metrics    # with --features metrics
 //! ```
 //!
 //! Routes:
@@ -26,6 +27,8 @@
 //!   500) and `next`, the `after` of the next page. Up to 4 attempts, like every other route.
 //! - `GET /items/{id}`: the item, or `404`.
 //! - `GET /stats`: the retry layers' counters.
+//! - `GET /metrics`: the layers' metrics in Prometheus' text format (run with
+//!   `--features metrics`; see the crate's `recorder` module).
 //!
 //! Flags: `--db PATH` (env `ITEMS_DB`, default `./items.db`; created if missing),
 //! `--database-url URL` (env `DATABASE_URL`; `sqlite:PATH`, `postgres://...` with the crate's
@@ -43,6 +46,8 @@
 mod app_lib;
 #[path = "common/cli.rs"]
 mod cli;
+#[path = "common/prometheus.rs"]
+mod prometheus;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -145,7 +150,10 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         // Reads (router-wide): in WAL mode they rarely meet a busy database.
         read: RetryPolicy::default().max_attempts(4),
     };
+    // Installed before the layers are built: they describe their metrics to it.
+    let prometheus = prometheus::install()?;
     let (app, _metrics) = router(db.clone(), Some(policies));
+    let app = prometheus::route(app, prometheus);
 
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await

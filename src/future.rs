@@ -97,6 +97,9 @@ pin_project! {
         // When the current wait for a slot or the gate began, and all waits so far.
         wait_start: Option<Instant>,
         waited: Duration,
+        // This attempt's time in the queues, when it passed one (admission or the gate, even
+        // at once): one `queue_wait` sample per attempt that was queued.
+        attempt_wait: Option<Duration>,
         // The last retryable failure, kept until the next attempt starts: the answer if the
         // deadline passes in between.
         last: Option<Result<S::Response, S::Error>>,
@@ -124,7 +127,14 @@ pin_project! {
                 http.route = this.route.path(),
                 "request cancelled"
             );
-            record_end(this.span, this.shared, this.route, this.outer.as_deref(), Outcome::Cancelled, attempts, this.reason.as_ref(), *this.total_delay);
+            let end = End {
+                outcome: Outcome::Cancelled,
+                attempts,
+                reason: this.reason.as_ref(),
+                backoff: *this.total_delay,
+                passed_through: false,
+            };
+            record_end(this.span, this.shared, this.route, this.outer.as_deref(), end);
             if let Source::Recording(r) = this.body {
                 r.clear();
             }
@@ -283,6 +293,7 @@ where
             outer_admitted,
             wait_start: None,
             waited: Duration::ZERO,
+            attempt_wait: None,
             last: None,
             reason: None,
             route,
@@ -439,7 +450,7 @@ where
                     if let Some((outcome, attempts)) = this.inner_answered(&result) {
                         // NOTE: an inner layer retried (or chose not to): its answer is this
                         // layer's answer, as it is. Never multiply its attempts.
-                        this.end(outcome, attempts);
+                        this.end(outcome, attempts, true);
                         return Poll::Ready(result);
                     }
                     let (verdict, reason) = match &result {
@@ -529,6 +540,7 @@ where
             && !*self.outer_admitted
             && let Some(limit) = self.route_limit.as_ref()
         {
+            self.attempt_wait.get_or_insert(Duration::ZERO);
             match limit.try_admit() {
                 Some(admitted) => self.admitted_now(admitted),
                 None => {
@@ -544,6 +556,7 @@ where
             && self.gate_permit.is_none()
             && let Some(gate) = &self.shared.gate
         {
+            self.attempt_wait.get_or_insert(Duration::ZERO);
             match gate.clone().try_acquire_owned() {
                 Ok(permit) => *self.gate_permit = Some(permit),
                 Err(_) => {
@@ -569,12 +582,15 @@ where
         if let Some(start) = self.wait_start.take() {
             let waited = start.elapsed();
             *self.waited += waited;
-            recorder::queue_wait(self.route.path(), &self.route.method, waited);
+            *self.attempt_wait.get_or_insert(Duration::ZERO) += waited;
         }
     }
 
     /// The request for the next attempt (counting it).
     fn next_attempt(&mut self) -> Request<ReplayBody<B>> {
+        if let Some(waited) = self.attempt_wait.take() {
+            recorder::queue_wait(self.route.path(), &self.route.method, waited);
+        }
         *self.attempt += 1;
         let n = *self.attempt;
         if n > 1 {
@@ -652,7 +668,7 @@ where
         outcome: Outcome,
         attempts: u32,
     ) -> Result<Response<ResBody>, S::Error> {
-        self.end(outcome, attempts);
+        self.end(outcome, attempts, false);
         let total_delay = *self.total_delay;
         result.map(|mut res| {
             if invites_retry(outcome)
@@ -670,7 +686,7 @@ where
         })
     }
 
-    fn end(&mut self, outcome: Outcome, attempts: u32) {
+    fn end(&mut self, outcome: Outcome, attempts: u32, passed_through: bool) {
         // The slot and the gate permit go back as soon as the answer is known.
         *self.admitted = None;
         *self.gate_permit = None;
@@ -678,15 +694,19 @@ where
             self.span
                 .record("retry.queue_ms", self.waited.as_secs_f64() * 1000.0);
         }
+        let end = End {
+            outcome,
+            attempts,
+            reason: self.reason.as_ref(),
+            backoff: *self.total_delay,
+            passed_through,
+        };
         record_end(
             self.span,
             self.shared,
             self.route,
             self.outer.as_deref(),
-            outcome,
-            attempts,
-            self.reason.as_ref(),
-            *self.total_delay,
+            end,
         );
         if let Source::Recording(r) = self.body {
             r.clear();
@@ -760,19 +780,32 @@ where
     }
 }
 
+/// How a request ended, as recorded.
+struct End<'a> {
+    outcome: Outcome,
+    attempts: u32,
+    reason: Option<&'a Retryable>,
+    backoff: Duration,
+    /// An inner layer handled the request: it emitted the metrics already.
+    passed_through: bool,
+}
+
 /// Records how a request ended: the span's fields, the counters, the metrics, and the outer
 /// layer that handed the request over, if any.
-#[allow(clippy::too_many_arguments)]
 fn record_end(
     span: &Span,
     shared: &Shared,
     route: &Route,
     outer: Option<&RequestState>,
-    outcome: Outcome,
-    attempts: u32,
-    reason: Option<&Retryable>,
-    backoff: Duration,
+    end: End<'_>,
 ) {
+    let End {
+        outcome,
+        attempts,
+        reason,
+        backoff,
+        passed_through,
+    } = end;
     span.record("retry.attempts", attempts);
     span.record("retry.outcome", outcome.as_str());
     if attempts > 1 {
@@ -783,14 +816,17 @@ fn record_end(
         span.record("error.type", r.name());
     }
     shared.counters.finished(outcome, attempts);
-    recorder::request_finished(
-        route.path(),
-        &route.method,
-        outcome,
-        reason.map(Retryable::name),
-        attempts,
-        backoff,
-    );
+    if !passed_through {
+        recorder::request_finished(
+            route.path(),
+            &route.method,
+            outcome,
+            // The error names the outcome only when the request ended on it.
+            reason.filter(|_| gave_up(outcome)).map(Retryable::name),
+            attempts,
+            backoff,
+        );
+    }
     if let Some(outer) = outer {
         outer.report(outcome, attempts);
     }

@@ -79,6 +79,7 @@ impl SqliteRetryLayer {
     /// ```
     pub fn try_new(policy: RetryPolicy) -> Result<Self, InvalidPolicy> {
         policy.validate()?;
+        crate::recorder::describe();
         let gate = policy.replay_gate.map(|n| Arc::new(Semaphore::new(n)));
         Ok(Self {
             shared: Arc::new(Shared {

@@ -1,4 +1,99 @@
-#![doc = include_str!("../README.md")]
+//! A [tower] middleware for database-backed HTTP services that **replays the whole request**
+//! when its handler failed with a retryable database error: `SQLITE_BUSY`,
+//! `SQLITE_BUSY_SNAPSHOT`, the `LOCKED` cases that are contention, pool time-outs, and, behind
+//! features, PostgreSQL serialization failures and deadlocks (`40001`, `40P01`) and MySQL
+//! deadlocks and lock wait time-outs (`1213`, `1205`).
+//!
+//! A deferred SQLite transaction that reads and then writes meets `SQLITE_BUSY` at once when
+//! another connection writes, whatever `busy_timeout` says, and retrying the statement inside
+//! the same transaction fails again: only a re-run of the whole transaction cures it. In an
+//! HTTP service the whole transaction is the handler, so [`SqliteRetryLayer`] buffers the
+//! request body once (within caps) and calls the handler again with a pristine copy of the
+//! request, with backoff, until it succeeds or the [`RetryPolicy`] says stop.
+//!
+//! [tower]: https://docs.rs/tower
+//!
+//! # Quick start
+//!
+//! The handler returns [`DbError`], which any [`sqlx::Error`] converts into with `?`: a
+//! retryable error answers `503` with `Retry-After` and the [`Retryable`] marker that makes the
+//! layer replay the request.
+//!
+//! ```
+//! use axum::{extract::State, routing::post, Json, Router};
+//! use sqlx::SqlitePool;
+//! use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer};
+//!
+//! async fn create_order(
+//!     State(db): State<SqlitePool>,
+//!     Json(item): Json<String>,
+//! ) -> Result<Json<i64>, DbError> {
+//!     let mut tx = db.begin().await?;
+//!     let next: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) + 1 FROM orders")
+//!         .fetch_one(&mut *tx)
+//!         .await?;
+//!     sqlx::query("INSERT INTO orders (seq, item) VALUES (?, ?)")
+//!         .bind(next)
+//!         .bind(item)
+//!         .execute(&mut *tx)
+//!         .await?;
+//!     tx.commit().await?;
+//!     Ok(Json(next))
+//! }
+//!
+//! fn app(db: SqlitePool) -> Router {
+//!     Router::new()
+//!         .route("/orders", post(create_order))
+//!         .layer(SqliteRetryLayer::new(RetryPolicy::default()))
+//!         .with_state(db)
+//! }
+//! # let _ = app;
+//! ```
+//!
+//! With an error type of your own, call [`classify`] and insert the [`Retryable`] it returns
+//! into your response's extensions. A plain tower service whose `Error` is not `Infallible`
+//! has its errors classified instead ([`SqliteRetryLayer::classify_errors`], [`SqlxErrors`]).
+//!
+//! # When is a replay safe?
+//!
+//! A replay re-runs the handler from the start, so it is safe only if the failed attempt
+//! committed nothing:
+//!
+//! - **one transaction per request**: every write of the handler inside one transaction that
+//!   commits as its last step or rolls back (sqlx rolls back a dropped transaction); or
+//! - **idempotent work**: writes that give the same result when done twice.
+//!
+//! A handler that commits and then does more (a second transaction, an email, a call to
+//! another service) declares that point with [`Attempt::fence`]: a retryable failure after it
+//! is answered as it is, never replayed.
+//!
+//! # Where to look
+//!
+//! - [`SqliteRetryLayer`] and the [`SqliteRetry`] service it builds; [`future::ResponseFuture`],
+//!   the state machine that buffers, calls, backs off and replays.
+//! - [`RetryPolicy`]: attempts, backoff and [`Jitter`], the deadline, the body caps, the replay
+//!   gate, an optional retry budget; [`InvalidPolicy`] says why a policy cannot work.
+//! - Classification: [`classify`] (a `sqlx::Error`), [`classify_sqlite_code`],
+//!   [`classify_postgres_code`], [`classify_mysql_code`] (raw codes),
+//!   [`is_constraint_violation`]; [`ClassifyError`] for service errors.
+//! - Per request: [`Attempt`] (the request extension on every attempt, with the fence) and
+//!   [`RetryOutcome`] with its [`Outcome`] (the response extension on the answer).
+//! - Observability: tracing (target `tower_sqlite_retry`, span `sqlite_retry`), the layer's
+//!   counters ([`SqliteRetryLayer::metrics`], [`RetryMetrics`]), and, with the `metrics`
+//!   feature, counters and histograms through the `metrics` facade ([the `recorder`
+//!   module](recorder/index.html)).
+//!
+//! # Cargo features
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `sqlite` (default) | SQLite's extended result codes in [`classify`] |
+//! | `postgres` | PostgreSQL SQLSTATEs in [`classify`] |
+//! | `mysql` | MySQL/MariaDB error numbers in [`classify`] |
+//! | `metrics` | metrics through the [`metrics`](https://docs.rs/metrics) facade |
+//!
+//! The README has the rest: where the layer sits among other layers, the SQLite settings to
+//! pair it with, a demonstration under load, and moving to PostgreSQL or MySQL.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod admission;
@@ -11,6 +106,10 @@ pub mod future;
 mod layer;
 mod metrics;
 mod policy;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod recorder;
+#[cfg(not(feature = "metrics"))]
 mod recorder;
 mod route;
 mod service;
@@ -28,6 +127,11 @@ pub use layer::SqliteRetryLayer;
 pub use metrics::{HISTOGRAM_BUCKETS, MetricsSnapshot, RetryMetrics};
 pub use policy::{InvalidPolicy, Jitter, RetryPolicy};
 pub use service::SqliteRetry;
+
+// The README's Rust blocks run as doctests; the README itself is for people (and a forge).
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
 
 #[cfg(test)]
 mod traits {

@@ -55,6 +55,7 @@ impl Counters {
             {
                 Ok(_) => {
                     self.peak_buffered_bytes.fetch_max(next, Relaxed);
+                    crate::recorder::buffered_bytes(isize::try_from(n).unwrap_or(isize::MAX));
                     return true;
                 }
                 Err(actual) => cur = actual,
@@ -64,6 +65,7 @@ impl Counters {
 
     pub(crate) fn release(&self, n: usize) {
         self.buffered_bytes.fetch_sub(n, Relaxed);
+        crate::recorder::buffered_bytes(isize::try_from(n).map_or(isize::MIN, |n| -n));
     }
 }
 

@@ -58,22 +58,21 @@ pub enum Jitter {
 ///
 /// # Defaults
 ///
-/// | setting | default | why |
+/// | setting | default | behaviour |
 /// |---|---|---|
-/// Chosen by the contention benchmark (`BENCHMARKS.md`: 8–128 clients, deferred
-/// read-then-write transactions over real HTTP):
+/// | `max_attempts` | 20 | up to 19 replays after the first attempt |
+/// | `base_delay` | 2 ms | the first backoff, before jitter; it doubles for each later replay |
+/// | `max_delay` | 100 ms | caps each backoff, after jitter |
+/// | `jitter` | [`Jitter::Full`] | each backoff uniform in `[0, d]`, so replays spread out |
+/// | `deadline` | 10 s | total time per request, handler time included; no backoff that would end past it is started |
+/// | `max_body_bytes` | 1 MiB | the replay buffer of one request; a larger body passes through without retries |
+/// | `max_buffered_bytes` | 16 MiB | the replay buffers of all requests in flight together; a body that would cross it passes through without retries |
+/// | `replay_gate` | 1 | replays (attempt ≥ 2) pass a shared semaphore one at a time: SQLite has one writer |
+/// | `budget` | none | the replay gate already bounds how many replays run at once (see [`RetryPolicy::budget`]) |
 ///
-/// | setting | default | why |
-/// |---|---|---|
-/// | `max_attempts` | 20 | each further attempt is needed by about a third of the requests that needed the one before; the most seen was 13; 10 let about 2 in 100,000 requests fail at 64 clients, 20 none in 332,000 |
-/// | `base_delay` | 2 ms | a SQLite write transaction takes 0.1–1 ms: the first replay waits about one; Envoy's 25 ms doubled p99 |
-/// | `max_delay` | 100 ms | caps each wait, after jitter |
-/// | `jitter` | [`Jitter::Full`] | spreads replays; under the gate the four kinds are within noise of each other |
-/// | `deadline` | 10 s | total time per request, handler time included; the slowest gated request seen took 0.6 s |
-/// | `max_body_bytes` | 1 MiB | per-request replay buffer (as gRPC-Java and Envoy) |
-/// | `max_buffered_bytes` | 16 MiB | all requests in flight together |
-/// | `replay_gate` | 1 | replays (attempt ≥ 2) pass a shared semaphore one at a time: SQLite has one writer; without it every policy failed 0.1–6.6 % of requests, a gate of 2 up to 0.3 % |
-/// | `budget` | none | the replay gate already bounds replay concurrency; a 20 % budget turned 72 % of the 32-client test's requests into failures (see [`RetryPolicy::budget`]) |
+/// The contention benchmark chose these values (8 to 128 clients running deferred
+/// read-then-write transactions over real HTTP); the measurements behind each one are in the
+/// repository's `BENCHMARKS.md`.
 #[derive(Clone)]
 pub struct RetryPolicy {
     pub(crate) max_attempts: u32,

@@ -1,29 +1,461 @@
-//! Placeholder for the `metrics` facade (replaced by the metrics work).
-#![allow(dead_code)]
+//! Counters, histograms and a gauge emitted through the [`metrics`] facade (cargo feature
+//! `metrics`).
+//!
+//! The layer only *emits*; the application chooses where the values go by installing a
+//! recorder ([`metrics-exporter-prometheus`], an OpenTelemetry bridge, StatsD, ...). Without an
+//! installed recorder the calls go to the facade's no-op recorder; without the feature they
+//! are compiled out.
+//!
+//! # The metrics
+//!
+//! | name | type | unit | labels | meaning |
+//! |---|---|---|---|---|
+//! | `tower_sqlite_retry_requests_total` | counter | requests | `http_route`, `http_request_method`, `outcome`, `error_type`¹ | requests the layer answered, by how they ended (one whose client left first is not counted) |
+//! | `tower_sqlite_retry_replays_total` | counter | replays | `http_route`, `http_request_method`, `error_type` | replays started (attempts after the first), by the error that caused each |
+//! | `tower_sqlite_retry_attempts` | histogram | attempts | `http_route`, `http_request_method` | attempts per finished request, the first included (1 = no replay) |
+//! | `tower_sqlite_retry_backoff_seconds` | histogram | seconds | `http_route`, `http_request_method` | time a finished request spent sleeping in backoff, all its replays together (0 without a replay) |
+//! | `tower_sqlite_retry_queue_wait_seconds` | histogram | seconds | `http_route`, `http_request_method` | time waited for a permit, one sample per wait: the replay gate before each replay |
+//! | `tower_sqlite_retry_buffered_bytes` | gauge | bytes | none | request-body bytes held for replay right now, every layer of the process together |
+//!
+//! ¹ only when the request ended on a retryable error the layer did not (or could no longer)
+//! replay: outcomes `exhausted`, `deadline`, `budget_exhausted`, `not_replayable`, `fenced`.
+//!
+//! The names are also constants here ([`REQUESTS`], [`REPLAYS`], [`ATTEMPTS`], [`BACKOFF`],
+//! [`QUEUE_WAIT`], [`BUFFERED_BYTES`]), with suggested histogram buckets
+//! ([`ATTEMPTS_BUCKETS`], [`SECONDS_BUCKETS`]).
+//!
+//! # Labels
+//!
+//! Every label has a bounded set of values:
+//!
+//! - `http_route`: the route template axum matched ([`MatchedPath`](axum::extract::MatchedPath),
+//!   e.g. `/orders/{id}`), never the raw path; `_unknown` when there is none (the layer wraps
+//!   the router from outside, or the request fell through to a fallback).
+//! - `http_request_method`: `GET`, `HEAD`, `POST`, `PUT`, `DELETE`, `CONNECT`, `OPTIONS`,
+//!   `TRACE`, `PATCH`; any other method is `_OTHER` (as OpenTelemetry's `http.request.method`).
+//! - `outcome`: one of [`Outcome`]'s names (`first_try`,
+//!   `succeeded_after_retry`, `exhausted`, `deadline`, `budget_exhausted`, `not_replayable`,
+//!   `fenced`, `non_retryable`).
+//! - `error_type`: the retryable error's name ([`Retryable::name`](crate::Retryable::name):
+//!   `SQLITE_BUSY`, `SQLITE_BUSY_SNAPSHOT`, `serialization_failure`, `ER_LOCK_DEADLOCK`,
+//!   `pool_timed_out`, ...). The built-in classifiers name a fixed set; a classifier of your
+//!   own should too.
+//!
+//! # Names and units
+//!
+//! Base units (seconds, bytes) are part of the names, as Prometheus' conventions ask, and every
+//! metric is described (`describe_counter!` & co.) with its [`Unit`](metrics::Unit).
+//!
+//! The counters' names end in `_total`. An exporter that appends `_total` itself would double
+//! it, so this was checked against [`metrics-exporter-prometheus`] (0.18): by default it writes
+//! names exactly as given, so a counter named without `_total` would be exposed without it,
+//! against Prometheus' conventions; with `with_recommended_naming(true)` it appends `_total` (and
+//! the unit) only when the name does not already end with it. A name ending in `_total` is
+//! therefore exposed as `..._total` exactly once either way. (OpenTelemetry's Prometheus
+//! translation also adds `_total` only when it is missing.)
+//!
+//! # Which layer emits
+//!
+//! Layers nest without multiplying attempts (an outer layer passes the inner one's answer
+//! through), and they do not multiply metrics either: a request is counted, and its attempts
+//! and backoff recorded, once, by the layer that handled it. The buffered-bytes gauge counts
+//! what each layer holds, so with nested layers a body held by both is counted twice (they
+//! share the same memory).
+//!
+//! Every metric is described (help text and unit) to the recorder installed when a layer is
+//! built: install the recorder before building the layers, or the exporter has no help text
+//! and no units for them (the values are recorded all the same). Describing again, for each
+//! layer, is harmless.
+//!
+//! [`metrics-exporter-prometheus`]: https://docs.rs/metrics-exporter-prometheus
+// The example runs as a doctest only where it can compile: with the feature.
+#![cfg_attr(
+    feature = "metrics",
+    doc = r##"
+# Example
+
+With `metrics-exporter-prometheus` installed by the application, the text a `GET /metrics`
+handler would answer with:
+
+```
+use axum::body::Body;
+use axum::routing::post;
+use axum::Router;
+use http::Request;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use tower::ServiceExt;
+use tower_sqlite_retry::{recorder, RetryPolicy, SqliteRetryLayer};
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // The application installs an exporter, before it builds the layers. Buckets make the
+    // histograms true Prometheus histograms (summaries otherwise).
+    let prometheus = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full(recorder::ATTEMPTS.to_owned()),
+            recorder::ATTEMPTS_BUCKETS,
+        )?
+        .set_buckets_for_metric(
+            Matcher::Suffix("_seconds".to_owned()),
+            recorder::SECONDS_BUCKETS,
+        )?
+        .install_recorder()?;
+    // (A long-running service also calls `prometheus.run_upkeep()` every few seconds.)
+
+    let app = Router::new()
+        .route("/orders", post(|| async { "created" }))
+        .layer(SqliteRetryLayer::new(RetryPolicy::default()));
+    let request = Request::post("/orders").body(Body::empty())?;
+    app.oneshot(request).await?;
+
+    let text = prometheus.render();
+    assert!(text.contains(
+        "# TYPE tower_sqlite_retry_requests_total counter\n\
+         tower_sqlite_retry_requests_total\
+         {http_route=\"/orders\",http_request_method=\"POST\",outcome=\"first_try\"} 1\n"
+    ));
+    assert!(text.contains(
+        "tower_sqlite_retry_attempts_bucket\
+         {http_route=\"/orders\",http_request_method=\"POST\",le=\"1\"} 1\n"
+    ));
+    Ok(())
+}
+```
+"##
+)]
 
 use std::time::Duration;
 
+use http::Method;
+
 use crate::attempt::Outcome;
 
-#[inline]
-pub(crate) fn describe() {}
+/// Counter: requests the layer finished. Labels `http_route`, `http_request_method`,
+/// `outcome`, and `error_type` when the request ended on a retryable error.
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub const REQUESTS: &str = "tower_sqlite_retry_requests_total";
 
-#[inline]
-pub(crate) fn request_finished(
-    _route: Option<&str>,
-    _method: &http::Method,
-    _outcome: Outcome,
-    _error_type: Option<&str>,
-    _attempts: u32,
-    _backoff: Duration,
-) {
+/// Counter: replays started. Labels `http_route`, `http_request_method`, `error_type`.
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub const REPLAYS: &str = "tower_sqlite_retry_replays_total";
+
+/// Histogram: attempts per finished request. Labels `http_route`, `http_request_method`.
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub const ATTEMPTS: &str = "tower_sqlite_retry_attempts";
+
+/// Histogram: seconds a finished request slept in backoff. Labels `http_route`,
+/// `http_request_method`.
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub const BACKOFF: &str = "tower_sqlite_retry_backoff_seconds";
+
+/// Histogram: seconds waited for a permit (the replay gate), one sample per wait. Labels
+/// `http_route`, `http_request_method`.
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub const QUEUE_WAIT: &str = "tower_sqlite_retry_queue_wait_seconds";
+
+/// Gauge: request-body bytes held for replay now, every layer together. No labels.
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub const BUFFERED_BYTES: &str = "tower_sqlite_retry_buffered_bytes";
+
+/// Suggested bucket bounds for [`ATTEMPTS`]: every count up to 6, then wider, up to the
+/// example app's 32-attempt write route.
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub const ATTEMPTS_BUCKETS: &[f64] = &[
+    1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 13.0, 16.0, 20.0, 32.0,
+];
+
+/// Suggested bucket bounds for [`BACKOFF`] and [`QUEUE_WAIT`], in seconds: from half a
+/// millisecond (a first backoff is about 2 ms by default) to the default 10 s deadline.
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub const SECONDS_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+#[cfg(feature = "metrics")]
+mod emit {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use http::Method;
+    use metrics::{Label, Unit};
+
+    use super::{ATTEMPTS, BACKOFF, BUFFERED_BYTES, QUEUE_WAIT, REPLAYS, REQUESTS};
+    use crate::attempt::Outcome;
+
+    const ROUTE: &str = "http_route";
+    const METHOD: &str = "http_request_method";
+    const OUTCOME: &str = "outcome";
+    const ERROR_TYPE: &str = "error_type";
+    /// `http_route` when no route template is known.
+    const NO_ROUTE: &str = "_unknown";
+
+    pub(crate) fn describe() {
+        {
+            metrics::describe_counter!(
+                REQUESTS,
+                Unit::Count,
+                "Requests the retry layer finished, by outcome (and error_type when they ended \
+                 on a retryable error)."
+            );
+            metrics::describe_counter!(
+                REPLAYS,
+                Unit::Count,
+                "Replays started (attempts after the first), by the retryable error that \
+                 caused each."
+            );
+            metrics::describe_histogram!(
+                ATTEMPTS,
+                Unit::Count,
+                "Attempts per finished request, the first included."
+            );
+            metrics::describe_histogram!(
+                BACKOFF,
+                Unit::Seconds,
+                "Time a finished request slept in backoff between its attempts."
+            );
+            metrics::describe_histogram!(
+                QUEUE_WAIT,
+                Unit::Seconds,
+                "Time waited for a permit (the replay gate), one sample per wait."
+            );
+            metrics::describe_gauge!(
+                BUFFERED_BYTES,
+                Unit::Bytes,
+                "Request-body bytes held for replay, all retry layers together."
+            );
+        }
+    }
+
+    /// The route label. Its value is shared (one allocation) by the metrics of one call.
+    fn route(route: Option<&str>) -> Label {
+        match route {
+            Some(route) => Label::new(ROUTE, Arc::<str>::from(route)),
+            None => Label::from_static_parts(ROUTE, NO_ROUTE),
+        }
+    }
+
+    /// The method label: the nine methods of RFC 9110 and RFC 5789, `_OTHER` for the rest.
+    fn method(method: &Method) -> Label {
+        let name = match method.as_str() {
+            "GET" => "GET",
+            "HEAD" => "HEAD",
+            "POST" => "POST",
+            "PUT" => "PUT",
+            "DELETE" => "DELETE",
+            "CONNECT" => "CONNECT",
+            "OPTIONS" => "OPTIONS",
+            "TRACE" => "TRACE",
+            "PATCH" => "PATCH",
+            _ => "_OTHER",
+        };
+        Label::from_static_parts(METHOD, name)
+    }
+
+    pub(crate) fn request_finished(
+        route_: Option<&str>,
+        method_: &Method,
+        outcome: Outcome,
+        error_type: Option<&str>,
+        attempts: u32,
+        backoff: Duration,
+    ) {
+        let route = route(route_);
+        let method = method(method_);
+        let mut labels = Vec::with_capacity(4);
+        labels.push(route.clone());
+        labels.push(method.clone());
+        labels.push(Label::from_static_parts(OUTCOME, outcome.as_str()));
+        if let Some(error_type) = error_type {
+            labels.push(Label::new(ERROR_TYPE, error_type.to_owned()));
+        }
+        metrics::counter!(REQUESTS, labels).increment(1);
+        metrics::histogram!(ATTEMPTS, vec![route.clone(), method.clone()])
+            .record(f64::from(attempts));
+        metrics::histogram!(BACKOFF, vec![route, method]).record(backoff);
+    }
+
+    pub(crate) fn replay(route_: Option<&str>, method_: &Method, error_type: &str) {
+        let labels = vec![
+            route(route_),
+            method(method_),
+            Label::new(ERROR_TYPE, error_type.to_owned()),
+        ];
+        metrics::counter!(REPLAYS, labels).increment(1);
+    }
+
+    pub(crate) fn queue_wait(route_: Option<&str>, method_: &Method, waited: Duration) {
+        metrics::histogram!(QUEUE_WAIT, vec![route(route_), method(method_)]).record(waited);
+    }
+
+    pub(crate) fn buffered_bytes(delta: isize) {
+        let gauge = metrics::gauge!(BUFFERED_BYTES);
+        // Exact in an f64 up to 2^53 bytes.
+        let amount = delta.unsigned_abs() as f64;
+        match delta {
+            0 => {}
+            1.. => gauge.increment(amount),
+            _ => gauge.decrement(amount),
+        }
+    }
 }
 
+/// Describes every metric (name, unit, help text) to the recorder installed now, once per
+/// process. Called when a layer is built.
 #[inline]
-pub(crate) fn replay(_route: Option<&str>, _method: &http::Method, _error_type: &str) {}
+pub(crate) fn describe() {
+    #[cfg(feature = "metrics")]
+    emit::describe();
+}
 
+/// A request the layer finished: counts it by outcome, records its attempts and the time it
+/// spent in backoff. `error_type` is the retryable error's name when the request ended on one.
 #[inline]
-pub(crate) fn queue_wait(_route: Option<&str>, _method: &http::Method, _waited: Duration) {}
+pub(crate) fn request_finished(
+    route: Option<&str>,
+    method: &Method,
+    outcome: Outcome,
+    error_type: Option<&str>,
+    attempts: u32,
+    backoff: Duration,
+) {
+    #[cfg(feature = "metrics")]
+    emit::request_finished(route, method, outcome, error_type, attempts, backoff);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (route, method, outcome, error_type, attempts, backoff);
+}
 
+/// A replay decided, after a retryable error named `error_type`.
 #[inline]
-pub(crate) fn buffered_bytes(_delta: isize) {}
+pub(crate) fn replay(route: Option<&str>, method: &Method, error_type: &str) {
+    #[cfg(feature = "metrics")]
+    emit::replay(route, method, error_type);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (route, method, error_type);
+}
+
+/// The time a request waited for admission or the replay gate, once per wait.
+#[inline]
+pub(crate) fn queue_wait(route: Option<&str>, method: &Method, waited: Duration) {
+    #[cfg(feature = "metrics")]
+    emit::queue_wait(route, method, waited);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (route, method, waited);
+}
+
+/// Bytes buffered for replay, all layers together: `delta` more (positive) or fewer.
+#[inline]
+pub(crate) fn buffered_bytes(delta: isize) {
+    #[cfg(feature = "metrics")]
+    emit::buffered_bytes(delta);
+    #[cfg(not(feature = "metrics"))]
+    let _ = delta;
+}
+
+#[cfg(all(test, feature = "metrics"))]
+mod tests {
+    use std::time::Duration;
+
+    use http::Method;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    use crate::attempt::Outcome;
+
+    /// The labels of every series emitted by `f`, as `name{k=v,...}`, with the values.
+    fn emitted(f: impl FnOnce()) -> Vec<(String, DebugValue)> {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, f);
+        let mut out: Vec<_> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let key = key.key();
+                let labels: Vec<_> = key
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                (format!("{}{{{}}}", key.name(), labels.join(",")), value)
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    #[test]
+    fn unknown_routes_and_methods_get_fixed_label_values() {
+        let purge = Method::from_bytes(b"PURGE").unwrap();
+        let lower_get = Method::from_bytes(b"get").unwrap();
+        let out = emitted(|| {
+            super::replay(None, &purge, "SQLITE_BUSY");
+            super::replay(Some("/a/{id}"), &lower_get, "SQLITE_BUSY");
+            super::replay(Some("/a/{id}"), &Method::PATCH, "SQLITE_BUSY");
+        });
+        let names: Vec<_> = out.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "tower_sqlite_retry_replays_total{http_route=/a/{id},http_request_method=PATCH,error_type=SQLITE_BUSY}",
+                "tower_sqlite_retry_replays_total{http_route=/a/{id},http_request_method=_OTHER,error_type=SQLITE_BUSY}",
+                "tower_sqlite_retry_replays_total{http_route=_unknown,http_request_method=_OTHER,error_type=SQLITE_BUSY}",
+            ]
+        );
+    }
+
+    #[test]
+    fn error_type_is_a_label_only_when_given() {
+        let out = emitted(|| {
+            let finished = |outcome, error_type| {
+                super::request_finished(
+                    Some("/a"),
+                    &Method::POST,
+                    outcome,
+                    error_type,
+                    3,
+                    Duration::from_millis(250),
+                );
+            };
+            finished(Outcome::SucceededAfterRetry, None);
+            finished(Outcome::Deadline, Some("SQLITE_BUSY_SNAPSHOT"));
+        });
+        let names: Vec<_> = out.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "tower_sqlite_retry_attempts{http_route=/a,http_request_method=POST}",
+                "tower_sqlite_retry_backoff_seconds{http_route=/a,http_request_method=POST}",
+                "tower_sqlite_retry_requests_total{http_route=/a,http_request_method=POST,outcome=deadline,error_type=SQLITE_BUSY_SNAPSHOT}",
+                "tower_sqlite_retry_requests_total{http_route=/a,http_request_method=POST,outcome=succeeded_after_retry}",
+            ]
+        );
+        let histogram =
+            |xs: &[f64]| DebugValue::Histogram(xs.iter().map(|x| (*x).into()).collect());
+        assert_eq!(out[0].1, histogram(&[3.0, 3.0]));
+        assert_eq!(out[1].1, histogram(&[0.25, 0.25]));
+    }
+
+    #[test]
+    fn the_gauge_moves_both_ways() {
+        let out = emitted(|| {
+            super::buffered_bytes(1000);
+            super::buffered_bytes(24);
+            super::buffered_bytes(0);
+            super::buffered_bytes(-1000);
+        });
+        assert_eq!(
+            out,
+            [(
+                "tower_sqlite_retry_buffered_bytes{}".to_owned(),
+                DebugValue::Gauge(24.0.into())
+            )]
+        );
+    }
+}

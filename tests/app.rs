@@ -11,6 +11,10 @@ mod app_lib;
 #[allow(dead_code)]
 #[path = "../examples/common/driver.rs"]
 mod driver;
+// Used by the `metrics` feature's test only.
+#[allow(dead_code)]
+#[path = "../examples/common/prometheus.rs"]
+mod prometheus;
 
 use std::time::Duration;
 
@@ -288,6 +292,155 @@ async fn busy_write_with_the_layer_is_replayed_until_it_commits() {
     // Its replay read the holder's committed row.
     assert_eq!((item.seq, item.name.as_str()), (1001, "x"));
     assert_eq!(t.retries(), u64::from(outcome.attempts() - 1));
+}
+
+/// The value of the one line of a Prometheus scrape that starts with `series ` (name and
+/// labels exactly as rendered).
+#[cfg(feature = "metrics")]
+fn scraped(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.parse().unwrap())
+}
+
+/// The sum of the values of every line of a scrape that starts with `prefix`.
+#[cfg(feature = "metrics")]
+fn scraped_sum(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap())
+        .sum()
+}
+
+#[cfg(feature = "metrics")]
+async fn scrape(t: &TestApp) -> String {
+    let res = t.get("/metrics").await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        res.headers()[header::CONTENT_TYPE],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let bytes = axum::body::to_bytes(res.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+/// `GET /metrics` after reads, a write, a 404 and a write replayed behind a held lock: the
+/// series of both layers, each request counted once although the write route has two layers.
+/// The exporter is installed for this thread only (the runtime is the current-thread one).
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn metrics_scrape_shows_the_layers_series() {
+    let recorder = prometheus::builder().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let mut t = with_layer().await;
+    t.app = prometheus::route(t.app.clone(), handle);
+
+    t.create("apple").await;
+    assert_eq!(t.get("/items").await.status(), StatusCode::OK);
+    assert_eq!(t.get("/items/999").await.status(), StatusCode::NOT_FOUND);
+
+    // A write behind a held lock is replayed until the lock is gone: release it once the
+    // scrape shows a replay.
+    let mut holder = hold_write_lock(&t.pool).await;
+    let app = t.app.clone();
+    let request = tokio::spawn(async move {
+        app.oneshot(
+            Request::post("/items")
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(r#"{"name": "x"}"#))
+                .unwrap(),
+        )
+        .await
+        .unwrap()
+    });
+    let replays =
+        r#"tower_sqlite_retry_replays_total{http_route="/items",http_request_method="POST","#;
+    let start = std::time::Instant::now();
+    while !scrape(&t).await.contains(replays) {
+        assert!(start.elapsed() < Duration::from_secs(30), "no replay seen");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    sqlx::query("COMMIT").execute(&mut *holder).await.unwrap();
+    drop(holder);
+    let res = request.await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let outcome = res.extensions().get::<RetryOutcome>().copied().unwrap();
+    assert_eq!(outcome.outcome(), Outcome::SucceededAfterRetry);
+    let attempts = f64::from(outcome.attempts());
+
+    let text = scrape(&t).await;
+    let value = |series: &str| scraped(&text, series).unwrap_or_else(|| panic!("{series}\n{text}"));
+    let post = r#"http_route="/items",http_request_method="POST""#;
+    let list = r#"http_route="/items",http_request_method="GET""#;
+    let item = r#"http_route="/items/{id}",http_request_method="GET""#;
+    for (series, expected) in [
+        (
+            format!("tower_sqlite_retry_requests_total{{{post},outcome=\"first_try\"}}"),
+            1.0,
+        ),
+        (
+            format!(
+                "tower_sqlite_retry_requests_total{{{post},outcome=\"succeeded_after_retry\"}}"
+            ),
+            1.0,
+        ),
+        (
+            format!("tower_sqlite_retry_requests_total{{{list},outcome=\"first_try\"}}"),
+            1.0,
+        ),
+        (
+            format!("tower_sqlite_retry_requests_total{{{item},outcome=\"first_try\"}}"),
+            1.0,
+        ),
+        (format!("tower_sqlite_retry_attempts_count{{{post}}}"), 2.0),
+        (
+            format!("tower_sqlite_retry_attempts_sum{{{post}}}"),
+            1.0 + attempts,
+        ),
+        (
+            format!("tower_sqlite_retry_attempts_bucket{{{post},le=\"1\"}}"),
+            1.0,
+        ),
+        (format!("tower_sqlite_retry_attempts_count{{{item}}}"), 1.0),
+        (
+            format!("tower_sqlite_retry_backoff_seconds_count{{{post}}}"),
+            2.0,
+        ),
+        // One wait at the replay gate per replay.
+        (
+            format!("tower_sqlite_retry_queue_wait_seconds_count{{{post}}}"),
+            attempts - 1.0,
+        ),
+        ("tower_sqlite_retry_buffered_bytes".to_owned(), 0.0),
+    ] {
+        assert_eq!(value(&series), expected, "{series}\n{text}");
+    }
+    // Four requests counted (the scrapes are not), every replay counted, and SQLITE_BUSY
+    // among their causes.
+    assert_eq!(
+        scraped_sum(&text, "tower_sqlite_retry_requests_total{"),
+        4.0,
+        "{text}"
+    );
+    assert_eq!(scraped_sum(&text, replays), attempts - 1.0, "{text}");
+    assert!(
+        text.contains(&format!("{replays}error_type=\"SQLITE_BUSY\"}}")),
+        "{text}"
+    );
+    assert_eq!(t.retries(), outcome.attempts() as u64 - 1);
+    for metadata in [
+        "# TYPE tower_sqlite_retry_requests_total counter",
+        "# TYPE tower_sqlite_retry_replays_total counter",
+        "# TYPE tower_sqlite_retry_attempts histogram",
+        "# TYPE tower_sqlite_retry_backoff_seconds histogram",
+        "# TYPE tower_sqlite_retry_queue_wait_seconds histogram",
+        "# TYPE tower_sqlite_retry_buffered_bytes gauge",
+    ] {
+        assert!(text.lines().any(|l| l == metadata), "{metadata}\n{text}");
+    }
 }
 
 fn scenario(dir: &TempDir, name: &str, retry: Option<RetryPolicies>) -> Scenario {

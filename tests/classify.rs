@@ -1,4 +1,7 @@
-//! Classification fed by real sqlx errors, produced with DESIGN.md's recipes on real files.
+//! Classification fed by real sqlx errors, made on real SQLite files: `SQLITE_BUSY` (a write
+//! while another connection holds `BEGIN IMMEDIATE`, busy timeout 0), `SQLITE_BUSY_SNAPSHOT`
+//! (a deferred transaction reads, another connection commits a write, the first then writes),
+//! constraint violations, pool time-outs and other errors that are not retryable.
 
 mod common;
 

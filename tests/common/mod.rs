@@ -1,5 +1,6 @@
 //! Shared test helpers: real SQLite files, a real HTTP server on loopback, a real client, and
-//! the contention recipes of DESIGN.md.
+//! deterministic contention: a held `BEGIN IMMEDIATE` ([`TestDb::hold_write_lock`]) makes a
+//! victim with busy timeout 0 fail with `SQLITE_BUSY` at once, with no timing involved.
 #![allow(dead_code, unreachable_pub)]
 
 use std::net::SocketAddr;
