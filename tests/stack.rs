@@ -378,7 +378,12 @@ async fn timeout_layer_outside_bounds_all_attempts_together() {
     )
     .await;
     assert_same(&timed_out, &replayed, raw, "TimeoutLayer outside");
-    assert_eq!(start.elapsed(), Duration::from_millis(2500), "paused clock");
+    // (The paused clock: the timeout's 2.5 s, before the fourth attempt's 3 s.)
+    let elapsed = start.elapsed();
+    assert!(
+        (Duration::from_millis(2500)..Duration::from_secs(3)).contains(&elapsed),
+        "{elapsed:?}"
+    );
     assert_eq!(
         calls.take(),
         3,
@@ -576,27 +581,26 @@ async fn a_gzip_bomb_never_buffers_past_the_cap() {
     let metrics = layer.metrics();
     let app = |retry| with(router.clone(), retry).layer(RequestDecompressionLayer::new());
 
-    // `/upload`'s extractor refuses the body before the handler runs: no call.
-    for (path, handler_calls) in [("/upload", 0), ("/count", 2)] {
+    // `/upload`: axum's default limit answers 413 (its extractor refuses the body before the
+    // handler runs). `/count`: every inflated byte reaches the handler.
+    let expected = [
+        ("/upload", StatusCode::PAYLOAD_TOO_LARGE, 0),
+        ("/count", StatusCode::OK, 2),
+    ];
+    for (path, status, handler_calls) in expected {
         let without = send(app(None), req(path)).await;
         let with_layer = send(app(Some(&layer)), req(path)).await;
+        assert_eq!(without.status, status, "{path}: {}", without.text());
         assert_same(&without, &with_layer, raw, path);
         assert_eq!(
             calls.take(),
             handler_calls,
             "{path}: one call each, no replay"
         );
+        if path == "/count" {
+            assert_eq!(with_layer.text(), format!("{INFLATED} bytes, 0 not zero"));
+        }
     }
-    let upload = send(app(Some(&layer)), req("/upload")).await;
-    assert_eq!(
-        upload.status,
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "{}",
-        upload.text()
-    );
-    let count = send(app(Some(&layer)), req("/count")).await;
-    assert_eq!(count.text(), format!("{INFLATED} bytes, 0 not zero"));
-    assert_eq!(calls.take(), 1);
 
     let snap = metrics.snapshot();
     assert!(
@@ -604,7 +608,7 @@ async fn a_gzip_bomb_never_buffers_past_the_cap() {
         "the cap holds against decompressed bytes: {snap:?}"
     );
     assert!(snap.peak_buffered_bytes > 0, "the layer did try: {snap:?}");
-    assert_eq!(snap.first_try, 4, "passed through, answered once: {snap:?}");
+    assert_eq!(snap.first_try, 2, "passed through, answered once: {snap:?}");
     assert_consistent(&snap);
 }
 
