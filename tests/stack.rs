@@ -969,7 +969,11 @@ async fn the_whole_stack_on_sqlite_replays_a_real_busy_write_once() {
     // With the layer, another connection holds the write lock: the first attempt meets a real
     // SQLITE_BUSY (and releases the lock), the replay commits.
     *db.lock.lock().await = Some(test_db.hold_write_lock().await);
-    let replayed = send(full_stack(router, Some(&layer)), req("the second item")).await;
+    let replayed = send(
+        full_stack(router.clone(), Some(&layer)),
+        req("the second item"),
+    )
+    .await;
     assert_eq!(db.calls.take(), 2, "one replay");
     assert!(
         db.lock.lock().await.is_none(),
@@ -996,6 +1000,25 @@ async fn the_whole_stack_on_sqlite_replays_a_real_busy_write_once() {
         "https://app.example"
     );
 
+    // A body that inflates past the 64 KiB limit: the same 413 through the whole stack, with
+    // and without the layer, and nothing inserted.
+    let huge = "x".repeat(128 * 1024);
+    let without = send(full_stack(router.clone(), None), req(&huge)).await;
+    let with_layer = send(full_stack(router.clone(), Some(&layer)), req(&huge)).await;
+    assert_eq!(
+        without.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        without.text()
+    );
+    assert_same(
+        &without,
+        &with_layer,
+        raw,
+        "over the limit after decompression",
+    );
+    assert_eq!(db.calls.take(), 0, "refused before the handler");
+
     let rows: Vec<(i64, String)> = sqlx::query_as("SELECT seq, name FROM items ORDER BY seq")
         .fetch_all(&pool)
         .await
@@ -1010,9 +1033,11 @@ async fn the_whole_stack_on_sqlite_replays_a_real_busy_write_once() {
     );
     let snap = metrics.snapshot();
     assert_eq!(
-        (snap.requests, snap.succeeded_after_retry),
-        (1, 1),
-        "{snap:?}"
+        (snap.requests, snap.succeeded_after_retry, snap.first_try),
+        (2, 1, 1),
+        "the replayed write, and the 413: {snap:?}"
     );
+    // The limit inside the decompression bounds what the layer reads, inflated bytes counted.
+    assert!(snap.peak_buffered_bytes <= 64 * 1024, "{snap:?}");
     assert_consistent(&snap);
 }
