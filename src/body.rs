@@ -24,14 +24,16 @@
 //! is copied into one buffer, never kept as a handle per frame). A body that would cross a cap
 //! is **passed through whole** to a single attempt (what was read, then the rest of the
 //! stream), never rejected; so is a body whose stream fails, and the error reaches the handler
-//! with its own type (a `LengthLimitError` from tower-http's `RequestBodyLimitLayer` still
-//! answers `413`).
+//! as it would without the layer (a `LengthLimitError` from tower-http's
+//! `RequestBodyLimitLayer` outside the layer still answers `413`).
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, ready};
+
+use axum::BoxError;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::HeaderMap;
@@ -455,11 +457,14 @@ pin_project! {
     /// The request body an attempt gets from [`SqliteRetry`](crate::SqliteRetry).
     ///
     /// It reads as the client's body did: the same bytes, the same trailers, the same
-    /// `size_hint` where the layer knows it, and the client body's own errors, with their type
-    /// (`Error = B::Error`). Depending on the request, it is a copy of a body buffered before
-    /// the first attempt, the client's body itself (requests that are not replayed), or the
-    /// client's body recorded as it is read (`Expect: 100-continue`); see the
-    /// [module docs](self).
+    /// `size_hint` where the layer knows it, and the client body's own errors, boxed (they
+    /// downcast to their own type). An `axum::Error` is unwrapped first: axum's `Router` wraps
+    /// the errors of this body in an `axum::Error` again, so the handler's extractors see the
+    /// error exactly as without the layer (a `LengthLimitError` still answers `413`).
+    ///
+    /// Depending on the request, it is a copy of a body buffered before the first attempt, the
+    /// client's body itself (requests that are not replayed), or the client's body recorded as
+    /// it is read (`Expect: 100-continue`); see the [module docs](self).
     ///
     /// axum's `Router` and handlers accept it as they accept any body.
     pub struct ReplayBody<B>
@@ -521,15 +526,53 @@ fn to_bytes<D: Buf>(frame: Frame<D>) -> Frame<Bytes> {
     frame.map_data(|mut d| d.copy_to_bytes(d.remaining()))
 }
 
+/// The client body's error as the handler would have seen it without the layer.
+///
+/// NOTE: axum's `Router` boxes every request body that is not its own `Body` again, wrapping its
+/// errors in one more `axum::Error`, and axum's extractors look only two `axum::Error`s deep
+/// for the `LengthLimitError` that answers `413` (`FailedToBufferBody::from_err`). The layer
+/// is such a hop, so it takes one `axum::Error` off: what the handler gets is then exactly
+/// what it would have got without the layer.
+fn transparent<E: Into<BoxError>>(error: E) -> BoxError {
+    let error = error.into();
+    match error.downcast::<axum::Error>() {
+        Ok(axum_error) => axum_error.into_inner(),
+        Err(error) => error,
+    }
+}
+
 impl<B> Body for ReplayBody<B>
 where
     B: Body,
     B::Data: Buf,
+    B::Error: Into<BoxError>,
 {
     type Data = Bytes;
-    type Error = B::Error;
+    type Error = BoxError;
 
     fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.poll_client_frame(cx)
+            .map(|frame| frame.map(|r| r.map_err(transparent)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.client_is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.client_size_hint()
+    }
+}
+
+impl<B> ReplayBody<B>
+where
+    B: Body,
+    B::Data: Buf,
+{
+    fn poll_client_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
@@ -613,7 +656,7 @@ where
         }
     }
 
-    fn is_end_stream(&self) -> bool {
+    fn client_is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Empty => true,
             Kind::Buffered { data, trailers } => data.is_none() && trailers.is_none(),
@@ -635,7 +678,7 @@ where
         }
     }
 
-    fn size_hint(&self) -> SizeHint {
+    fn client_size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Empty => SizeHint::with_exact(0),
             Kind::Buffered { data, .. } => {

@@ -21,7 +21,8 @@ use crate::metrics::RetryMetrics;
 /// It accepts any request body and hands the inner service a [`ReplayBody`]: the buffered
 /// bytes, fresh for every attempt; the client's body recorded as it is read
 /// (`Expect: 100-continue`); or the client's body itself, when the request is passed through
-/// without retries. The body keeps the client body's error type and size hint.
+/// without retries. The body keeps the client body's size hint, and its errors as the handler
+/// would see them without the layer.
 ///
 /// # Readiness
 ///
