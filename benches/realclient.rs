@@ -47,6 +47,11 @@
 //! min–max spread, and the ratios to the load's reference configuration as the **median of the
 //! per-round ratios** (each ratio paired within its round).
 //!
+//! `--rate R` paces the `reads` and `insert1k` loads at R requests per second in all instead
+//! of a closed loop: every configuration then serves the same rate, and its CPU per request is
+//! not skewed by throughput (at a higher rate more requests share each thread wake-up, so a
+//! closed loop's CPU per request follows whatever slowed a cell down).
+//!
 //! Other flags: `--pool-size N` (8), `--server-log FILTER` (the server's log filter, default
 //! `info,tower_sqlite_retry=error`: the app's own default with the per-replay WARN lines off;
 //! the server's log goes to a file in the cell's temporary directory), `--out DIR`
@@ -145,6 +150,12 @@ struct Args {
     /// Connection counts of the `insert1k` load (1: no contention, even without the layer).
     #[arg(long, value_delimiter = ',', value_name = "LIST", default_value = "1")]
     insert_connections: Vec<usize>,
+    /// The `reads` and `insert1k` loads at this many requests per second in all (each
+    /// connection paced at its share) instead of a closed loop: every configuration then
+    /// serves the same rate, so its CPU per request is not skewed by how many requests share a
+    /// wake-up. 0: closed loop. Latency is then measured from the send, not from the schedule.
+    #[arg(long, value_name = "REQ/S", default_value_t = 0.0)]
+    rate: f64,
     /// The share of POST /items in the `mixed` load (the rest: GET /items/{id}).
     #[arg(long, value_name = "0..1", default_value_t = 0.7)]
     write_ratio: f64,
@@ -256,6 +267,8 @@ struct Plan {
     loads: Vec<Load>,
     connections: BTreeMap<Load, Vec<usize>>,
     write_ratio: f64,
+    /// `--rate`, for `reads` and `insert1k`; `None`: closed loop.
+    rate: Option<f64>,
     duration: Duration,
     warmup: Duration,
     rounds: usize,
@@ -289,6 +302,9 @@ impl Plan {
         if a.rounds == 0 || a.client_threads == 0 || a.pool_size == 0 {
             return Err("--rounds, --client-threads and --pool-size must be at least 1".into());
         }
+        if !(a.rate >= 0.0 && a.rate.is_finite()) {
+            return Err("--rate must be 0 (closed loop) or a positive rate".into());
+        }
         if !(a.duration > 0.0 && a.warmup >= 0.0) {
             return Err("--duration must be positive and --warmup not negative".into());
         }
@@ -302,6 +318,7 @@ impl Plan {
                 (Load::Insert1k, a.insert_connections.clone()),
             ]),
             write_ratio: a.write_ratio,
+            rate: (a.rate > 0.0).then_some(a.rate),
             duration: Duration::from_secs_f64(a.duration),
             warmup: Duration::from_secs_f64(a.warmup),
             rounds: a.rounds,
@@ -335,6 +352,8 @@ impl Plan {
             plan.warmup = Duration::from_millis(100);
             plan.rounds = 1;
             plan.seed_rows = 50;
+            // The reads paced (the open-loop path), the writes in a closed loop.
+            plan.rate = Some(400.0);
             plan.out = None;
             plan.smoke = true;
         }
@@ -614,6 +633,8 @@ struct Workload {
     write_ratio: f64,
     seed_rows: u32,
     addr: String,
+    /// Each connection's interval between two sends; `None`: closed loop.
+    pace: Option<Duration>,
 }
 
 impl Workload {
@@ -661,7 +682,17 @@ async fn drive(
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (conn as u64 + 1).wrapping_mul(0x1000_0000_01B3));
     let mut n = 0u32;
     let mut broken = false;
+    // Paced: connection `conn` starts at its own offset within the interval, so the sends of
+    // all connections spread evenly.
+    let mut next = work.pace.map(|p| timing.start + p.mul_f64(rng.unit()));
     while Instant::now() < timing.end {
+        if let (Some(at), Some(pace)) = (next.as_mut(), work.pace) {
+            tokio::time::sleep_until((*at).into()).await;
+            *at += pace;
+            if Instant::now() >= timing.end {
+                break;
+            }
+        }
         if broken {
             match connect(&work.addr).await {
                 Ok(s) => {
@@ -832,6 +863,12 @@ async fn run_cell(plan: &Plan, spec: &CellSpec<'_>, ticks_per_s: f64) -> Result<
         write_ratio: plan.write_ratio,
         seed_rows: plan.seed_rows,
         addr: server.addr.clone(),
+        pace: match (spec.load, plan.rate) {
+            (Load::Reads | Load::Insert1k, Some(rate)) => {
+                Some(Duration::from_secs_f64(spec.connections as f64 / rate))
+            }
+            _ => None,
+        },
     });
 
     // Every connection made before the clock starts (64 handshakes at a time: the listen
@@ -1183,6 +1220,13 @@ fn markdown(meta: &serde_json::Value, summaries: &[Summary], write_ratio: f64) -
         meta["loadavg_end"].as_str().unwrap_or("?"),
         meta["commit"].as_str().unwrap_or("?"),
     );
+    if let Some(rate) = meta["rate"].as_f64() {
+        let _ = writeln!(
+            md,
+            "`reads` and `insert1k` paced at {rate:.0} requests/s in all (open loop; latency \
+             from the send).\n"
+        );
+    }
     let mut groups: Vec<(Load, usize)> =
         summaries.iter().map(|s| (s.load, s.connections)).collect();
     groups.dedup();
@@ -1540,6 +1584,7 @@ fn run(plan: &Plan) -> Result<bool, BoxError> {
         "pool_size": plan.pool_size,
         "seed_rows": plan.seed_rows,
         "write_ratio": plan.write_ratio,
+        "rate": plan.rate,
         "client_threads": plan.client_threads,
         "server_log": plan.server_log,
         "cores": std::thread::available_parallelism().map_or(1, |n| n.get()),
