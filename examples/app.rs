@@ -22,22 +22,45 @@
 //!   transaction reads `MAX(seq) + 1`, then inserts: the read-then-write shape that SQLite
 //!   refuses with `SQLITE_BUSY_SNAPSHOT` under concurrent writers (deferred transaction),
 //!   PostgreSQL with `40001` (`SERIALIZABLE`) and MySQL/MariaDB with `1213` (`SERIALIZABLE`).
-//!   Up to 32 attempts.
+//!   With the layer (`--config layer`, the default): up to `RetryPolicy::default()`'s attempts.
 //! - `GET /items?limit=&after=`: a page of items with `id > after` (default limit 50, at most
-//!   500) and `next`, the `after` of the next page. Up to 4 attempts, like every other route.
+//!   500) and `next`, the `after` of the next page.
 //! - `GET /items/{id}`: the item, or `404`.
 //! - `GET /stats`: the retry layers' counters.
 //! - `GET /metrics`: the layers' metrics in Prometheus' text format (run with
 //!   `--features metrics`; see the crate's `recorder` module).
 //!
-//! Flags: `--db PATH` (env `ITEMS_DB`, default `./items.db`; created if missing),
-//! `--database-url URL` (env `DATABASE_URL`; `sqlite:PATH`, `postgres://...` with the crate's
-//! `postgres` feature, `mysql://...` with `mysql`; used instead of `--db`, table `items`,
-//! created if missing), `--addr HOST:PORT` (default `127.0.0.1:3000`). `RUST_LOG` sets the log filter (default
-//! `info,tower_sqlite_retry=warn`: one WARN line per replay). Ctrl-C stops it gracefully.
+//! Flags (`--help` explains each):
+//!
+//! - `--db PATH` (env `ITEMS_DB`, default `./items.db`; created if missing);
+//! - `--database-url URL` (env `DATABASE_URL`; `sqlite:PATH`, `postgres://...` with the crate's
+//!   `postgres` feature, `mysql://...` with `mysql`; used instead of `--db`, table `items`,
+//!   created if missing; `--db` after it wins);
+//! - `--addr HOST:PORT` (default `127.0.0.1:3000`; port 0 picks a free one, and the log says
+//!   which);
+//! - `--config NAME` (default `layer`): the retry layer, or what an expert would configure
+//!   instead of it, the handler unchanged:
+//!
+//!   | `--config` | layer | pools | `POST /items` begins with |
+//!   |---|---|---|---|
+//!   | `bare` | none | `--pool-size` | `BEGIN` (deferred): concurrent writers get 503 |
+//!   | `one-writer` | none | 1 connection for everything | `BEGIN IMMEDIATE` |
+//!   | `two-pool` | none | `--pool-size` readers + 1 writer | `BEGIN IMMEDIATE` |
+//!   | `layer` | `RetryPolicy::default()` (writer admission included) on the write route and router-wide | `--pool-size` | `BEGIN` |
+//!   | `layer-no-admission` | `layer` with `Admission::Off` (the first release's default) | `--pool-size` | `BEGIN` |
+//!   | `layer-queue` | `layer-no-admission`, plus `ConcurrencyLimitLayer::new(1)` inside it on the write route | `--pool-size` | `BEGIN` |
+//!
+//!   `one-writer` and `two-pool` need a SQLite file (`--db`);
+//! - `--pool-size N` (default 8);
+//! - `--busy-timeout-ms N` (default 5000, sqlx's default; SQLite only).
+//!
+//! `RUST_LOG` sets the log filter (default `info,tower_sqlite_retry=warn`: one WARN line per
+//! replay). Ctrl-C stops it gracefully.
 //!
 //! To see replays, put it under load: `cargo run --release --example contention` runs this
-//! same app against 64 concurrent clients, with and without the layer.
+//! same app against 64 concurrent clients, with and without the layer;
+//! `cargo bench --bench realclient` measures every `--config` side by side from an outside
+//! client (see BENCHMARKS.md).
 
 // Shared with `examples/contention.rs` and `tests/app.rs`, which use the metrics helpers this
 // binary does not.
@@ -54,62 +77,73 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use tower_sqlite_retry::RetryPolicy;
+use clap::{CommandFactory, FromArgMatches, Parser};
 
-use app_lib::{DEFAULT_TABLE, Db, RetryPolicies, open_pool, redact, router};
+use app_lib::{Config, DEFAULT_TABLE, Db, redact};
 
-const USAGE: &str = "usage: app [--db PATH | --database-url URL] [--addr HOST:PORT]  \
-(env ITEMS_DB sets the default --db, DATABASE_URL the default --database-url)";
-
-#[derive(Debug)]
+/// The example service: an item list in SQLite (or PostgreSQL, MySQL/MariaDB), with the
+/// retry layer or an expert's configuration instead. See the routes at the top of
+/// examples/app.rs.
+#[derive(Debug, Parser)]
+#[command(
+    name = "app",
+    after_help = "RUST_LOG sets the log filter \
+    (default: info,tower_sqlite_retry=warn). Ctrl-C stops the server gracefully."
+)]
 struct Args {
+    /// The SQLite file (created if missing, table `items`).
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "ITEMS_DB",
+        default_value = "./items.db"
+    )]
     db: PathBuf,
+    /// A database URL instead of --db: sqlite:PATH, postgres://... (build with
+    /// --features postgres) or mysql://... (--features mysql); table `items`, created if
+    /// missing. A --db given after it wins.
+    #[arg(long, value_name = "URL", env = "DATABASE_URL")]
     database_url: Option<String>,
+    /// The address to listen on (port 0: a free one, logged at start).
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:3000")]
     addr: SocketAddr,
+    /// The retry layer, or the configuration an expert would use instead of it.
+    #[arg(long, value_enum, default_value = "layer")]
+    config: Config,
+    /// Connections in the pool (the readers' pool with two-pool; one-writer has 1).
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    pool_size: u32,
+    /// SQLite's busy_timeout, in milliseconds (SQLite only).
+    #[arg(long, value_name = "N", default_value_t = 5000)]
+    busy_timeout_ms: u64,
 }
 
-fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
-    let mut args = Args {
-        db: std::env::var_os("ITEMS_DB").map_or_else(|| "./items.db".into(), PathBuf::from),
-        database_url: std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()),
-        addr: SocketAddr::from(([127, 0, 0, 1], 3000)),
-    };
-    while let Some(arg) = it.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (arg, None),
-        };
-        let mut value = || {
-            inline
-                .clone()
-                .or_else(|| it.next())
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        match flag.as_str() {
-            "--db" => {
-                args.db = value()?.into();
-                args.database_url = None;
-            }
-            "--database-url" => args.database_url = Some(value()?),
-            "--addr" => {
-                let v = value()?;
-                args.addr = v
-                    .parse()
-                    .map_err(|_| format!("--addr: not a HOST:PORT address: {v:?}"))?;
-            }
-            "-h" | "--help" => return Ok(None),
-            other => return Err(format!("unknown argument {other:?}")),
+impl Args {
+    /// The arguments; `--database-url` (or `DATABASE_URL`) is dropped when a `--db` on the
+    /// command line comes after it (the last of the two wins; `--db` beats the environment).
+    fn parse_last_db_wins() -> Self {
+        let matches = Self::command().get_matches();
+        let mut args = Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        let on_command_line =
+            |id| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+        if on_command_line("db")
+            && (!on_command_line("database_url")
+                || matches.index_of("db") > matches.index_of("database_url"))
+        {
+            args.database_url = None;
         }
+        args.database_url = args.database_url.filter(|u| !u.is_empty());
+        args
     }
-    Ok(Some(args))
+
+    fn url(&self) -> Option<&str> {
+        self.database_url.as_deref()
+    }
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = match cli::args_or_exit("app", USAGE, parse_args(std::env::args().skip(1))) {
-        Ok(args) => args,
-        Err(code) => return code,
-    };
+    let args = Args::parse_last_db_wins();
     tracing_subscriber::fmt()
         .with_env_filter(cli::env_filter("info,tower_sqlite_retry=warn"))
         .init();
@@ -124,18 +158,28 @@ async fn main() -> ExitCode {
 }
 
 async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
-    // 8 connections; sqlx's default busy_timeout (5 s). Neither saves a deferred
-    // read-then-write transaction from SQLITE_BUSY_SNAPSHOT: the layer does.
-    let (db, shown) = match &args.database_url {
+    let busy_timeout = Duration::from_millis(args.busy_timeout_ms);
+    // `bare` and the layers: 8 connections, sqlx's default busy_timeout (5 s). Neither saves
+    // a deferred read-then-write transaction from SQLITE_BUSY_SNAPSHOT: the layer does.
+    let (db, shown) = match args.url() {
         None => {
-            let pool = open_pool(&args.db, 8, Duration::from_secs(5))
+            let db = args
+                .config
+                .open(&args.db, args.pool_size, busy_timeout)
                 .await
                 .map_err(|e| format!("opening {}: {e}", args.db.display()))?;
-            (Db::from(pool), args.db.display().to_string())
+            (db, args.db.display().to_string())
         }
         Some(url) => {
             let shown = redact(url);
-            let db = Db::connect(url, DEFAULT_TABLE, 8, Duration::from_secs(5))
+            if args.config.needs_sqlite_file() {
+                return Err(format!(
+                    "--config {} needs a SQLite file: use --db PATH instead of --database-url",
+                    args.config.key()
+                )
+                .into());
+            }
+            let db = Db::connect(url, DEFAULT_TABLE, args.pool_size, busy_timeout)
                 .await
                 .map_err(|e| format!("opening {shown}: {e}"))?;
             db.create_schema()
@@ -144,15 +188,9 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             (db, shown)
         }
     };
-    let policies = RetryPolicies {
-        // The write route: read-then-write transactions, contended; a larger cap.
-        write: RetryPolicy::default().max_attempts(32),
-        // Reads (router-wide): in WAL mode they rarely meet a busy database.
-        read: RetryPolicy::default().max_attempts(4),
-    };
     // Installed before the layers are built: they describe their metrics to it.
     let prometheus = prometheus::install()?;
-    let (app, _metrics) = router(db.clone(), Some(policies));
+    let (app, _metrics) = args.config.router(db.clone());
     let app = prometheus::route(app, prometheus);
 
     let listener = tokio::net::TcpListener::bind(args.addr)
@@ -161,6 +199,8 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     tracing::info!(
         addr = %listener.local_addr()?,
         db = %shown,
+        config = args.config.key(),
+        setup = %args.config.describe(args.pool_size),
         "listening; Ctrl-C to stop"
     );
     axum::serve(listener, app)

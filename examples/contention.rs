@@ -44,16 +44,17 @@
 //! doubled anything; 2 on bad flags or a setup error (a URL whose backend this build lacks
 //! says which feature to add).
 //!
-//! Flags: `--clients N` (64), `--requests N` (4000), `--write-ratio F` (0.7), `--pool-size N`
+//! Flags (`--help` explains each): `--clients N` (64), `--requests N` (4000), `--write-ratio F` (0.7), `--pool-size N`
 //! (8, per instance), `--busy-timeout-ms N` (5000, sqlx's default; SQLite only),
-//! `--instances N` (1), `--max-attempts N` (the write route's, in the run with the layer: 10
-//! with one instance, 16 × N with N), `--database-url URL` (default: SQLite files), `--db PATH` (SQLite
+//! `--instances N` (1), `--max-attempts N` (the write route's, in the run with the layer:
+//! `RetryPolicy::default()`'s with one instance, 16 × N with N), `--database-url URL` (default: SQLite files), `--db PATH` (SQLite
 //! files; default: files in a temporary directory, removed at the end; with `--db items.db`
 //! the runs use `items.without-layer.db` and `items.with-layer.db`, replaced if they exist,
 //! and kept), `--json` (machine-readable report on stdout, no progress bar). `RUST_LOG` sets
 //! the log filter (default `error,tower_sqlite_retry=off`: the table already counts the
 //! retries).
 
+#[allow(dead_code)] // the configurations of examples/app.rs
 #[path = "common/app_lib.rs"]
 mod app_lib;
 #[path = "common/cli.rs"]
@@ -65,45 +66,75 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser};
 use indicatif::{ProgressBar, ProgressStyle};
 use tower_sqlite_retry::RetryPolicy;
 
 use app_lib::{Backend, RetryPolicies, redact};
 use driver::{BoxError, Report, Scenario, Target};
 
-const USAGE: &str = "usage: contention [--clients N] [--requests N] [--write-ratio 0..1] \
-[--pool-size N] [--busy-timeout-ms N] [--instances N] [--max-attempts N] \
-[--database-url URL | --db PATH] [--json]";
-
-#[derive(Debug)]
+/// The demonstration: the example app under write contention, without and with
+/// SqliteRetryLayer, each on a fresh database; checks that nothing was lost or doubled.
+#[derive(Debug, Parser)]
+#[command(
+    name = "contention",
+    after_help = "Exits 1 if the run with the layer failed a request or either run lost or \
+    doubled rows; 2 on bad flags or a setup error. RUST_LOG sets the log filter (default: \
+    error,tower_sqlite_retry=off)."
+)]
 struct Args {
+    /// Concurrent HTTP/1.1 clients (keep-alive), spread round-robin over the instances.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = at_least_one)]
     clients: usize,
+    /// Requests in all, per run.
+    #[arg(long, value_name = "N", default_value_t = 4000)]
     requests: usize,
+    /// The share of requests that are POST /items (the rest are GET /items), 0..1.
+    #[arg(long, value_name = "0..1", default_value_t = 0.7, value_parser = ratio)]
     write_ratio: f64,
+    /// Connections in each instance's pool.
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
     pool_size: u32,
+    /// SQLite's busy_timeout, in milliseconds (sqlx's default; SQLite only).
+    #[arg(long, value_name = "N", default_value_t = 5000)]
     busy_timeout_ms: u64,
+    /// Copies of the app on the same database, each with its own pool and its own layers, as a
+    /// scaled-out deployment would run; client c talks to instance c mod N.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = at_least_one)]
     instances: usize,
-    /// The write route's `max_attempts`; `None`: see [`Args::write_attempts`].
+    /// The write route's max_attempts in the run with the layer [default:
+    /// RetryPolicy::default()'s with one instance, 16 × N with N instances].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     max_attempts: Option<u32>,
+    /// Run on this database instead of SQLite files: sqlite:PATH, postgres://... (build with
+    /// --features postgres) or mysql://... (--features mysql); tables tsr_demo_without_layer
+    /// and tsr_demo_with_layer, dropped and created afresh, dropped at the end.
+    #[arg(long, value_name = "URL", conflicts_with = "db")]
     database_url: Option<String>,
+    /// SQLite files: with --db items.db the runs use items.without-layer.db and
+    /// items.with-layer.db, replaced if they exist, and kept [default: files in a temporary
+    /// directory, removed at the end].
+    #[arg(long, value_name = "PATH")]
     db: Option<PathBuf>,
+    /// A machine-readable report on stdout, and no progress bar.
+    #[arg(long)]
     json: bool,
 }
 
-impl Default for Args {
-    fn default() -> Self {
-        Self {
-            clients: 64,
-            requests: 4000,
-            write_ratio: 0.7,
-            pool_size: 8,
-            busy_timeout_ms: 5000,
-            instances: 1,
-            max_attempts: None,
-            database_url: None,
-            db: None,
-            json: false,
-        }
+fn at_least_one(v: &str) -> Result<usize, String> {
+    match v.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn ratio(v: &str) -> Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        Ok(_) => Err("must be within 0..1".into()),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -119,80 +150,40 @@ impl Args {
             16 * u32::try_from(self.instances).unwrap_or(u32::MAX / 16)
         })
     }
-}
 
-fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
-    fn value<T: std::str::FromStr>(flag: &str, v: Option<String>) -> Result<T, String> {
-        let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
-        v.parse().map_err(|_| format!("{flag}: cannot parse {v:?}"))
-    }
-    let mut args = Args::default();
-    while let Some(arg) = it.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (arg, None),
-        };
-        let mut v = || inline.clone().or_else(|| it.next());
-        match flag.as_str() {
-            "--clients" => args.clients = value(&flag, v())?,
-            "--requests" => args.requests = value(&flag, v())?,
-            "--write-ratio" => args.write_ratio = value(&flag, v())?,
-            "--pool-size" => args.pool_size = value(&flag, v())?,
-            "--busy-timeout-ms" => args.busy_timeout_ms = value(&flag, v())?,
-            "--instances" => args.instances = value(&flag, v())?,
-            "--max-attempts" => args.max_attempts = Some(value(&flag, v())?),
-            "--database-url" => args.database_url = Some(value(&flag, v())?),
-            "--db" => args.db = Some(value(&flag, v())?),
-            "--json" => args.json = true,
-            "-h" | "--help" => return Ok(None),
-            other => return Err(format!("unknown argument {other:?}")),
+    /// Parses the command line; a URL whose backend this build lacks is a usage error that
+    /// says which feature to add.
+    fn parse_checked() -> Self {
+        let args = Self::parse();
+        if let Some(url) = &args.database_url {
+            let why = match Backend::of_url(url) {
+                None => Some(format!(
+                    "{} is not sqlite:, postgres:// or mysql://",
+                    redact(url)
+                )),
+                Some(backend) if !backend.compiled_in() => Some(format!(
+                    "{} needs the crate's `{}` feature, which this build lacks:\n  \
+                     cargo run --release --features {} --example contention -- --database-url {}",
+                    backend.name(),
+                    backend.feature(),
+                    backend.feature(),
+                    redact(url)
+                )),
+                Some(_) => None,
+            };
+            if let Some(why) = why {
+                Self::command()
+                    .error(ErrorKind::ValueValidation, format!("--database-url: {why}"))
+                    .exit();
+            }
         }
+        args
     }
-    if args.clients == 0 {
-        return Err("--clients must be at least 1".into());
-    }
-    if args.pool_size == 0 {
-        return Err("--pool-size must be at least 1".into());
-    }
-    if !(0.0..=1.0).contains(&args.write_ratio) {
-        return Err("--write-ratio must be within 0..1".into());
-    }
-    if args.instances == 0 {
-        return Err("--instances must be at least 1".into());
-    }
-    if args.max_attempts == Some(0) {
-        return Err("--max-attempts must be at least 1".into());
-    }
-    if let Some(url) = &args.database_url {
-        if args.db.is_some() {
-            return Err("--db and --database-url exclude each other".into());
-        }
-        let backend = Backend::of_url(url).ok_or_else(|| {
-            format!(
-                "--database-url: {} is not sqlite:, postgres:// or mysql://",
-                redact(url)
-            )
-        })?;
-        if !backend.compiled_in() {
-            return Err(format!(
-                "--database-url: {} needs the crate's `{}` feature, which this build lacks:\n  \
-                 cargo run --release --features {} --example contention -- --database-url {}",
-                backend.name(),
-                backend.feature(),
-                backend.feature(),
-                redact(url)
-            ));
-        }
-    }
-    Ok(Some(args))
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = match cli::args_or_exit("contention", USAGE, parse_args(std::env::args().skip(1))) {
-        Ok(args) => args,
-        Err(code) => return code,
-    };
+    let args = Args::parse_checked();
     tracing_subscriber::fmt()
         .with_env_filter(cli::env_filter("error,tower_sqlite_retry=off"))
         .with_writer(std::io::stderr)

@@ -31,8 +31,10 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, SqlitePool};
+use tower::ServiceBuilder;
+use tower::limit::ConcurrencyLimitLayer;
 use tower_sqlite_retry::{
-    Attempt, DbError, MetricsSnapshot, RetryMetrics, RetryPolicy, SqliteRetryLayer,
+    Admission, Attempt, DbError, MetricsSnapshot, RetryMetrics, RetryPolicy, SqliteRetryLayer,
 };
 
 /// `GET /items` page size when `limit` is not given, and the largest one allowed.
@@ -142,6 +144,11 @@ pub(crate) fn redact(url: &str) -> String {
 pub(crate) struct Db {
     pool: Pool,
     sql: Arc<Sql>,
+    /// SQLite: the pool `POST /items` writes through, when not `pool` (the two-pool setup).
+    writer: Option<SqlitePool>,
+    /// SQLite: start the write transaction with `BEGIN IMMEDIATE` (take the write lock before
+    /// reading) instead of a deferred `BEGIN`.
+    begin_immediate: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -244,6 +251,8 @@ impl From<SqlitePool> for Db {
         Self {
             pool: Pool::Sqlite(pool),
             sql: Arc::new(Sql::new(Backend::Sqlite, DEFAULT_TABLE)),
+            writer: None,
+            begin_immediate: false,
         }
     }
 }
@@ -307,7 +316,27 @@ impl Db {
             #[allow(unreachable_patterns)]
             _ => unreachable!("checked by compiled_in"),
         };
-        Ok(Self { pool, sql })
+        Ok(Self {
+            pool,
+            sql,
+            writer: None,
+            begin_immediate: false,
+        })
+    }
+
+    /// SQLite: `POST /items` writes through `writer` (typically one connection); everything
+    /// else keeps using this pool.
+    pub(crate) fn with_writer(mut self, writer: SqlitePool) -> Self {
+        self.writer = Some(writer);
+        self
+    }
+
+    /// SQLite: `POST /items` starts its transaction with `BEGIN IMMEDIATE`, taking the write
+    /// lock before its read: concurrent writers then wait (`busy_timeout`) instead of meeting
+    /// `SQLITE_BUSY_SNAPSHOT`.
+    pub(crate) fn begin_immediate(mut self) -> Self {
+        self.begin_immediate = true;
+        self
     }
 
     /// Creates the table if it is missing.
@@ -327,6 +356,9 @@ impl Db {
     }
 
     pub(crate) async fn close(&self) {
+        if let Some(writer) = &self.writer {
+            writer.close().await;
+        }
         on_pool!(self, |pool| pool.close().await)
     }
 
@@ -353,9 +385,16 @@ impl Db {
         }
         match &self.pool {
             Pool::Sqlite(pool) => {
-                // A deferred transaction: `BEGIN`, not `BEGIN IMMEDIATE` (which would avoid
-                // most of the contention: this example shows what the layer does without it).
-                insert_returning_id!(pool.begin().await?)
+                let pool = self.writer.as_ref().unwrap_or(pool);
+                if self.begin_immediate {
+                    // The expert configurations (`one-writer`, `two-pool`): the write lock
+                    // first, so no other writer can commit between our read and our write.
+                    insert_returning_id!(pool.begin_with("BEGIN IMMEDIATE").await?)
+                } else {
+                    // A deferred transaction: `BEGIN`, not `BEGIN IMMEDIATE` (which would avoid
+                    // most of the contention: this example shows what the layer does without it).
+                    insert_returning_id!(pool.begin().await?)
+                }
             }
             #[cfg(feature = "postgres")]
             Pool::Postgres(pool) => {
@@ -424,12 +463,124 @@ pub(crate) struct RetryPolicies {
 
 impl RetryPolicies {
     /// The same policy on both layers.
-    #[allow(dead_code)] // tests/app.rs; the demonstration gives the write route its own
     pub(crate) fn both(policy: RetryPolicy) -> Self {
         Self {
             write: policy.clone(),
             read: policy,
         }
+    }
+}
+
+/// How the app is served: with the retry layer, or as an expert would configure SQLite
+/// instead of it. The handler is the same in every one (`POST /items` reads `MAX(seq) + 1`,
+/// then inserts); what changes is the pools, how its transaction begins, and the layers.
+/// SQLite only for `one-writer` and `two-pool`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum)]
+pub(crate) enum Config {
+    /// No layer; a pool of --pool-size connections; deferred read-then-write (`BEGIN`):
+    /// concurrent writers fail with 503 (SQLITE_BUSY_SNAPSHOT).
+    Bare,
+    /// No layer; one connection for everything; the write transaction starts with
+    /// `BEGIN IMMEDIATE` (the single-writer setup Rails 8 and Django 5.1 steer users to).
+    OneWriter,
+    /// No layer; --pool-size reader connections for the GETs and one writer connection with
+    /// `BEGIN IMMEDIATE` for POST /items (the usual production setup).
+    TwoPool,
+    /// The retry layer, `RetryPolicy::default()` (writer admission included) on the write
+    /// route and router-wide; a pool of --pool-size; deferred read-then-write (the handler
+    /// unchanged).
+    Layer,
+    /// `layer` without writer admission (`Admission::Off`): the first release's default.
+    LayerNoAdmission,
+    /// `layer-no-admission`, plus tower's `ConcurrencyLimitLayer::new(1)` inside the retry
+    /// layer on the write route (the first release's "queue the writers" recipe).
+    LayerQueue,
+}
+
+impl Config {
+    /// Every configuration, in the order reports list them.
+    pub(crate) const ALL: [Self; 6] = [
+        Self::Bare,
+        Self::OneWriter,
+        Self::TwoPool,
+        Self::Layer,
+        Self::LayerNoAdmission,
+        Self::LayerQueue,
+    ];
+
+    /// The name on the command line (`one-writer`, ...).
+    pub(crate) fn key(self) -> &'static str {
+        match self {
+            Self::Bare => "bare",
+            Self::OneWriter => "one-writer",
+            Self::TwoPool => "two-pool",
+            Self::Layer => "layer",
+            Self::LayerNoAdmission => "layer-no-admission",
+            Self::LayerQueue => "layer-queue",
+        }
+    }
+
+    /// One line for reports and logs.
+    pub(crate) fn describe(self, pool_size: u32) -> String {
+        match self {
+            Self::Bare => format!("no layer, pool {pool_size}, deferred BEGIN"),
+            Self::OneWriter => "no layer, pool 1, BEGIN IMMEDIATE".to_string(),
+            Self::TwoPool => {
+                format!("no layer, {pool_size} readers + 1 writer, BEGIN IMMEDIATE")
+            }
+            Self::Layer => format!(
+                "RetryPolicy::default() (writer admission), pool {pool_size}, deferred BEGIN"
+            ),
+            Self::LayerNoAdmission => {
+                format!("RetryPolicy::default().admission(Off), pool {pool_size}, deferred BEGIN")
+            }
+            Self::LayerQueue => format!(
+                "admission off + ConcurrencyLimitLayer(1) inside on POST, pool {pool_size}, \
+                 deferred BEGIN"
+            ),
+        }
+    }
+
+    /// Whether it needs a SQLite file of its own making (`--db`, not `--database-url`).
+    pub(crate) fn needs_sqlite_file(self) -> bool {
+        matches!(self, Self::OneWriter | Self::TwoPool)
+    }
+
+    /// The retry layers' policies; `None` for the configurations without the layer.
+    pub(crate) fn policies(self) -> Option<RetryPolicies> {
+        match self {
+            Self::Bare | Self::OneWriter | Self::TwoPool => None,
+            Self::Layer => Some(RetryPolicies::both(RetryPolicy::default())),
+            Self::LayerNoAdmission | Self::LayerQueue => Some(RetryPolicies::both(
+                RetryPolicy::default().admission(Admission::Off),
+            )),
+        }
+    }
+
+    /// Opens the SQLite file at `path` (created if missing, schema included) with this
+    /// configuration's pools; `pool_size` is the pool of `bare` and the layers, and the
+    /// readers' pool of `two-pool`.
+    pub(crate) async fn open(
+        self,
+        path: &Path,
+        pool_size: u32,
+        busy_timeout: Duration,
+    ) -> Result<Db, sqlx::Error> {
+        Ok(match self {
+            Self::OneWriter => Db::from(open_pool(path, 1, busy_timeout).await?).begin_immediate(),
+            Self::TwoPool => {
+                let readers = open_pool(path, pool_size, busy_timeout).await?;
+                let writer = open_pool(path, 1, busy_timeout).await?;
+                Db::from(readers).with_writer(writer).begin_immediate()
+            }
+            _ => Db::from(open_pool(path, pool_size, busy_timeout).await?),
+        })
+    }
+
+    /// The service in this configuration, and the layers' counters (`None` without them).
+    pub(crate) fn router(self, db: Db) -> (Router, Option<AppMetrics>) {
+        let write_limit = (self == Self::LayerQueue).then_some(1);
+        router_with(db, self.policies(), write_limit)
     }
 }
 
@@ -519,7 +670,17 @@ pub(crate) fn router(
     db: impl Into<Db>,
     retry: Option<RetryPolicies>,
 ) -> (Router, Option<AppMetrics>) {
-    let db = db.into();
+    router_with(db.into(), retry, None)
+}
+
+/// [`router`], and with `write_limit` tower's `ConcurrencyLimitLayer` inside the write route's
+/// retry layer (the README's "queue the writers" recipe): at most that many `POST /items`
+/// handlers run at once, replays included. Ignored without `retry`.
+pub(crate) fn router_with(
+    db: Db,
+    retry: Option<RetryPolicies>,
+    write_limit: Option<usize>,
+) -> (Router, Option<AppMetrics>) {
     let Some(policies) = retry else {
         let app = Router::new()
             .route("/items", post(create_item).get(list_items))
@@ -535,9 +696,19 @@ pub(crate) fn router(
         write: write_layer.metrics(),
         read: read_layer.metrics(),
     };
+    let write_route = match write_limit {
+        None => post(create_item).layer(write_layer),
+        // Outside: the replays; inside: one write handler at a time. Built once, by
+        // `with_state` below (a fresh limit per request would limit nothing).
+        Some(n) => post(create_item).layer(
+            ServiceBuilder::new()
+                .layer(write_layer)
+                .layer(ConcurrencyLimitLayer::new(n)),
+        ),
+    };
     let app = Router::new()
-        // The write route: read-then-write transactions, the most contended; the larger cap.
-        .route("/items", post(create_item).layer(write_layer))
+        // The write route: read-then-write transactions, the most contended.
+        .route("/items", write_route)
         .route("/items", get(list_items))
         .route("/items/{id}", get(get_item))
         .route("/stats", get(stats))

@@ -1,28 +1,7 @@
-//! Start-up shared by the example binaries: their arguments and their log filter.
-
-use std::process::ExitCode;
+//! Start-up shared by the example binaries: their log filter. (Their command lines are
+//! `clap` derives, each in its own binary.)
 
 use tracing_subscriber::EnvFilter;
-
-/// The arguments `parse_args` returned; else the exit code, after printing the usage on stdout
-/// (`--help`, success) or `program: error` and the usage on stderr (a usage error, 2).
-pub(crate) fn args_or_exit<A>(
-    program: &str,
-    usage: &str,
-    parsed: Result<Option<A>, String>,
-) -> Result<A, ExitCode> {
-    match parsed {
-        Ok(Some(args)) => Ok(args),
-        Ok(None) => {
-            println!("{usage}");
-            Err(ExitCode::SUCCESS)
-        }
-        Err(e) => {
-            eprintln!("{program}: {e}\n{usage}");
-            Err(ExitCode::from(2))
-        }
-    }
-}
 
 /// The log filter from `RUST_LOG`, else `default`.
 pub(crate) fn env_filter(default: &str) -> EnvFilter {
