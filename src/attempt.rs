@@ -232,8 +232,12 @@ impl fmt::Display for Outcome {
     }
 }
 
-/// The response extension the layer puts on every response it returns: attempts made, total
-/// backoff, and the outcome.
+/// The response extension the layer puts on every response it replayed or gave up on:
+/// attempts made, total backoff, and the outcome.
+///
+/// A response answered by its first attempt, as it is (outcome `first_try`), goes back
+/// untouched: no extension, no allocation; [`RetryMetrics`](crate::RetryMetrics) counts it.
+/// So `None` means "the first attempt's own answer" (or no layer at all).
 ///
 /// Its presence also tells an outer `SqliteRetryLayer` that an inner one already handled
 /// retries (besides the claim the inner layer makes on the way in), so nested layers never

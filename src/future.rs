@@ -677,11 +677,15 @@ where
             {
                 res.headers_mut().insert(header::RETRY_AFTER, retry_after());
             }
-            res.extensions_mut().insert(RetryOutcome {
-                attempts,
-                total_delay,
-                outcome,
-            });
+            // The first attempt's own answer goes back untouched: no allocation for a request
+            // the layer did nothing to.
+            if outcome != Outcome::FirstTry {
+                res.extensions_mut().insert(RetryOutcome {
+                    attempts,
+                    total_delay,
+                    outcome,
+                });
+            }
             res
         })
     }

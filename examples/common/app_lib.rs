@@ -641,6 +641,7 @@ fn snapshot_json(s: &MetricsSnapshot) -> serde_json::Value {
     serde_json::json!({
         "requests": s.requests,
         "retries": s.retries,
+        "queued": s.queued,
         "outcomes": {
             "first_try": s.first_try,
             "succeeded_after_retry": s.succeeded_after_retry,
@@ -650,6 +651,7 @@ fn snapshot_json(s: &MetricsSnapshot) -> serde_json::Value {
             "not_replayable": s.not_replayable,
             "fenced": s.fenced,
             "non_retryable": s.non_retryable,
+            "cancelled": s.cancelled,
         },
         "attempts_histogram": s.attempts_histogram,
         "buffered_bytes": s.buffered_bytes,
