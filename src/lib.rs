@@ -1,4 +1,5 @@
-#![doc = include_str!("../README.md")]
+// The README's examples are handlers on sqlx 0.9: its doc tests need the `sqlx` feature.
+#![cfg_attr(any(not(doctest), feature = "sqlx"), doc = include_str!("../README.md"))]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod attempt;
@@ -12,11 +13,18 @@ mod policy;
 mod service;
 
 pub use attempt::{Attempt, Outcome, RetryOutcome};
+#[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]
+pub use classify::SqlxErrors;
 pub use classify::{
-    ClassifyError, NeverRetryErrors, Retryable, SqlxErrors, classify, classify_mysql_code,
-    classify_postgres_code, classify_sqlite_code, is_constraint_violation, mysql_code_name,
-    postgres_code_name, sqlite_code_name,
+    ClassifyError, NeverRetryErrors, Retryable, classify_mysql_code, classify_postgres_code,
+    classify_sqlite_code, mysql_code_name, postgres_code_name, sqlite_code_name,
 };
+#[cfg(feature = "rusqlite")]
+pub use classify::{RusqliteErrors, classify_rusqlite, is_constraint_violation_rusqlite};
+#[cfg(feature = "sqlx")]
+pub use classify::{classify, is_constraint_violation};
+#[cfg(feature = "sqlx-0_8")]
+pub use classify::{classify_sqlx_0_8, is_constraint_violation_sqlx_0_8};
 pub use error::DbError;
 pub use layer::SqliteRetryLayer;
 pub use metrics::{HISTOGRAM_BUCKETS, MetricsSnapshot, RetryMetrics};
