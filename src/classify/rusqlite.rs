@@ -3,7 +3,7 @@
 //!
 //! rusqlite turns on extended result codes for every connection it opens and reports each
 //! failed SQLite call as `Error::SqliteFailure(ffi::Error { code, extended_code }, message)`, a
-//! shape that has not changed across the versions this crate accepts (0.32 to 0.43, the
+//! shape that has not changed across the versions this crate accepts (0.14 to 0.43, the
 //! manifest's range). The extended code goes to the same table as sqlx's, so a `SQLITE_BUSY`
 //! is retried and a `SQLITE_CONSTRAINT_*` is a `409` on either driver. No other variant
 //! carries a contention code: `SqlInputError` (a syntax error with its offset) is only made for

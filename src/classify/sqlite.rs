@@ -26,13 +26,18 @@
 //! This crate never depends on a SQLite driver for sqlx (that would put a `libsqlite3-sys`,
 //! and with it a second SQLite, into the application's graph), so it cannot downcast a sqlx
 //! error to `SqliteError`. It recognises one by its code instead ([`sqlx_sqlite_code`]):
-//! sqlx's SQLite driver gives the extended result code in decimal, and every SQLite result code
-//! is below 10,000 (the largest, `SQLITE_IOERR_CODEC`, is `10 | 36 << 8` = 9226 in SQLite
-//! 3.50), so it has one to four digits. The other backends' codes are SQLSTATEs, exactly five
-//! characters (`40001`, `HY000`), and PostgreSQL and MySQL errors are recognised by downcast
-//! before this rule is consulted whenever their features are on. A five-digit code is never
-//! read as SQLite's: PostgreSQL's `22021` would otherwise pass for `SQLITE_BUSY` (`22021 &
-//! 0xff` is `5`).
+//!
+//! - sqlx's SQLite driver (0.8 and 0.9) gives the extended result code in decimal;
+//! - every SQLite result code is below 10,000, so it has one to four digits: the largest,
+//!   `SQLITE_IOERR_CODEC`, is `10 | 36 << 8` = 9226 in SQLite 3.51 and 3.54 (libsqlite3-sys
+//!   0.37 and 0.40); a five-digit code would need `SQLITE_IOERR` to grow four more extended
+//!   codes, and `SQLITE_BUSY` (3 today) or `SQLITE_CONSTRAINT` (12) to grow to 40;
+//! - the other databases' codes are SQLSTATEs, exactly five characters (`40001`, `HY000`);
+//! - and PostgreSQL and MySQL errors are recognised by downcast before this rule is consulted
+//!   whenever their features are on.
+//!
+//! A five-digit code is never read as SQLite's: PostgreSQL's `22021` would otherwise pass for
+//! `SQLITE_BUSY` (`22021 & 0xff` is `5`).
 
 use std::borrow::Cow;
 
