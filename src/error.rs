@@ -10,13 +10,13 @@ use crate::classify::{Retryable, database_detail};
 /// A handler error for database-backed axum services.
 ///
 /// The error of every supported driver converts into it with `?`, each behind its feature:
-/// `sqlx::Error` of sqlx 0.9 (`sqlx`, the default), of sqlx 0.8 (`sqlx-0_8`), and
-/// `rusqlite::Error` (`rusqlite`). All are classified by the same tables, so the answer depends
+/// `sqlx::Error` of sqlx 0.9 (`sqlx`, the default), of sqlx 0.8 (`sqlx-0_8`),
+/// `rusqlite::Error` (`rusqlite`) and `libsql::Error` (`libsql`). All are classified by the same tables, so the answer depends
 /// on the database's code, not on the driver. Its [`IntoResponse`] answers:
 ///
 /// | error | status | body |
 /// |---|---|---|
-/// | retryable (`classify`, `classify_sqlx_0_8`, `classify_rusqlite`) | `503 Service Unavailable`, `Retry-After: 1`, and the [`Retryable`] marker that makes the layer replay the request | `service busy, retry later` |
+/// | retryable (`classify`, `classify_sqlx_0_8`, `classify_rusqlite`, `classify_libsql`) | `503 Service Unavailable`, `Retry-After: 1`, and the [`Retryable`] marker that makes the layer replay the request | `service busy, retry later` |
 /// | constraint violation | `409 Conflict` | `conflict` |
 /// | anything else | `500 Internal Server Error` | `internal error` |
 ///
@@ -58,7 +58,12 @@ pub struct DbError {
 #[derive(Debug)]
 // Without a driver feature, only `DbError::internal` makes one.
 #[cfg_attr(
-    not(any(feature = "sqlx", feature = "sqlx-0_8", feature = "rusqlite")),
+    not(any(
+        feature = "sqlx",
+        feature = "sqlx-0_8",
+        feature = "rusqlite",
+        feature = "libsql"
+    )),
     allow(dead_code)
 )]
 enum Kind {
@@ -114,7 +119,12 @@ impl DbError {
 
 impl DbError {
     /// A driver's error, classified by the shared tables.
-    #[cfg(any(feature = "sqlx", feature = "sqlx-0_8", feature = "rusqlite"))]
+    #[cfg(any(
+        feature = "sqlx",
+        feature = "sqlx-0_8",
+        feature = "rusqlite",
+        feature = "libsql"
+    ))]
     fn classified(
         retryable: Option<Retryable>,
         conflict: bool,
@@ -164,6 +174,18 @@ impl From<rusqlite::Error> for DbError {
     fn from(error: rusqlite::Error) -> Self {
         let retryable = crate::classify_rusqlite(&error);
         let conflict = crate::is_constraint_violation_rusqlite(&error);
+        Self::classified(retryable, conflict, error)
+    }
+}
+
+/// libSQL: [`classify_libsql`](crate::classify_libsql), then
+/// [`is_constraint_violation_libsql`](crate::is_constraint_violation_libsql).
+#[cfg(feature = "libsql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "libsql")))]
+impl From<libsql::Error> for DbError {
+    fn from(error: libsql::Error) -> Self {
+        let retryable = crate::classify_libsql(&error);
+        let conflict = crate::is_constraint_violation_libsql(&error);
         Self::classified(retryable, conflict, error)
     }
 }

@@ -19,6 +19,8 @@ pub use classify::{
     ClassifyError, NeverRetryErrors, Retryable, classify_mysql_code, classify_postgres_code,
     classify_sqlite_code, mysql_code_name, postgres_code_name, sqlite_code_name,
 };
+#[cfg(feature = "libsql")]
+pub use classify::{LibsqlErrors, classify_libsql, is_constraint_violation_libsql};
 #[cfg(feature = "rusqlite")]
 pub use classify::{RusqliteErrors, classify_rusqlite, is_constraint_violation_rusqlite};
 #[cfg(feature = "sqlx")]

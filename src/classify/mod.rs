@@ -10,7 +10,8 @@
 //!   came from sqlx 0.9, sqlx 0.8 or rusqlite);
 //! - the tables, which need no driver: [`sqlite`] (shared by every SQLite binding),
 //!   [`postgres`], [`mysql`];
-//! - the bindings, each behind its feature: `sqlx` (sqlx 0.9), `sqlx08` (sqlx 0.8), `rusqlite`.
+//! - the bindings, each behind its feature: `sqlx` (sqlx 0.9), `sqlx08` (sqlx 0.8), `rusqlite`,
+//!   `libsql`.
 //!
 //! # Why codes, never message text
 //!
@@ -33,6 +34,8 @@
 use std::borrow::Cow;
 use std::fmt;
 
+#[cfg(feature = "libsql")]
+mod libsql;
 mod mysql;
 mod postgres;
 #[cfg(feature = "rusqlite")]
@@ -43,6 +46,8 @@ mod sqlx;
 #[cfg(feature = "sqlx-0_8")]
 mod sqlx08;
 
+#[cfg(feature = "libsql")]
+pub use self::libsql::{LibsqlErrors, classify_libsql, is_constraint_violation_libsql};
 pub use self::mysql::{classify_mysql_code, mysql_code_name};
 pub use self::postgres::{classify_postgres_code, postgres_code_name};
 #[cfg(feature = "rusqlite")]
@@ -57,7 +62,7 @@ pub use self::sqlx08::{classify_sqlx_0_8, is_constraint_violation_sqlx_0_8};
 ///
 /// [`DbError`](crate::DbError) inserts it for retryable database errors. A handler with its
 /// own error type inserts the marker that its driver's classifier returns (`classify` for sqlx
-/// 0.9, `classify_sqlx_0_8`, `classify_rusqlite`, or a code table such as
+/// 0.9, `classify_sqlx_0_8`, `classify_rusqlite`, `classify_libsql`, or a code table such as
 /// [`classify_sqlite_code`] for any other binding):
 ///
 #[cfg_attr(feature = "sqlx", doc = "```")]
@@ -139,14 +144,24 @@ fn pool_timed_out() -> Retryable {
 /// A database error as the tables see it, whatever the binding that produced it: which
 /// database, its code, and the message (only ever compared for SQLite's
 /// `database is deadlocked`).
-#[cfg(any(feature = "sqlx", feature = "sqlx-0_8", feature = "rusqlite"))]
+#[cfg(any(
+    feature = "sqlx",
+    feature = "sqlx-0_8",
+    feature = "rusqlite",
+    feature = "libsql"
+))]
 pub(crate) struct Coded<'a> {
     pub(crate) backend: Backend<'a>,
     pub(crate) message: &'a str,
 }
 
 /// Which database an error came from, and its code in that database's terms.
-#[cfg(any(feature = "sqlx", feature = "sqlx-0_8", feature = "rusqlite"))]
+#[cfg(any(
+    feature = "sqlx",
+    feature = "sqlx-0_8",
+    feature = "rusqlite",
+    feature = "libsql"
+))]
 // Which variants a build constructs depends on its features (`Postgres` needs `postgres` and a
 // sqlx binding, for instance).
 #[allow(dead_code)]
@@ -162,7 +177,12 @@ pub(crate) enum Backend<'a> {
     Unknown(Option<Cow<'a, str>>),
 }
 
-#[cfg(any(feature = "sqlx", feature = "sqlx-0_8", feature = "rusqlite"))]
+#[cfg(any(
+    feature = "sqlx",
+    feature = "sqlx-0_8",
+    feature = "rusqlite",
+    feature = "libsql"
+))]
 impl Coded<'_> {
     /// The marker, if the error is worth a replay.
     pub(crate) fn classify(&self) -> Option<Retryable> {
@@ -213,6 +233,10 @@ pub(crate) fn database_detail(
     if let Some(detail) = self::rusqlite::database_detail(error) {
         return Some(detail);
     }
+    #[cfg(feature = "libsql")]
+    if let Some(detail) = self::libsql::database_detail(error) {
+        return Some(detail);
+    }
     let _ = error;
     None
 }
@@ -223,8 +247,8 @@ pub(crate) fn database_detail(
 /// instead.
 ///
 /// Implemented for closures `Fn(&E) -> Option<Retryable>`, and by [`NeverRetryErrors`]
-/// (the default), `SqlxErrors` (features `sqlx`, `sqlx-0_8`) and `RusqliteErrors` (feature
-/// `rusqlite`).
+/// (the default), `SqlxErrors` (features `sqlx`, `sqlx-0_8`), `RusqliteErrors` (feature
+/// `rusqlite`) and `LibsqlErrors` (feature `libsql`).
 pub trait ClassifyError<E> {
     /// `Some` to replay, with the reason; `None` to return the error.
     fn classify_error(&self, error: &E) -> Option<Retryable>;

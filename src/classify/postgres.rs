@@ -76,7 +76,12 @@ pub fn classify_postgres_code(sqlstate: &str) -> Option<Retryable> {
 /// (integrity_constraint_violation: `23505` unique, `23503` foreign key, `23502` not null,
 /// `23514` check, `23P01` exclusion, `23001` restrict, ...).
 #[cfg_attr(
-    not(any(feature = "sqlx", feature = "sqlx-0_8", feature = "rusqlite")),
+    not(any(
+        feature = "sqlx",
+        feature = "sqlx-0_8",
+        feature = "rusqlite",
+        feature = "libsql"
+    )),
     allow(dead_code)
 )]
 pub(crate) fn is_postgres_constraint(sqlstate: &str) -> bool {

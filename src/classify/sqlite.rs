@@ -85,7 +85,12 @@ pub fn classify_sqlite_code(code: i32, message: &str) -> Option<Retryable> {
 /// Whether a SQLite extended result code is a constraint violation (primary code 19,
 /// `SQLITE_CONSTRAINT_*`).
 #[cfg_attr(
-    not(any(feature = "sqlx", feature = "sqlx-0_8", feature = "rusqlite")),
+    not(any(
+        feature = "sqlx",
+        feature = "sqlx-0_8",
+        feature = "rusqlite",
+        feature = "libsql"
+    )),
     allow(dead_code)
 )]
 pub(crate) fn is_sqlite_constraint(code: i32) -> bool {
