@@ -7,7 +7,7 @@
 //!   dispatch: every binding turns its driver's error into a [`Coded`] (which database, which
 //!   code, the message), and the tables decide on that, so that every driver of one database
 //!   answers alike (a `SQLITE_BUSY` is retried, a `SQLITE_CONSTRAINT_*` is a `409`, whether it
-//!   came from sqlx 0.9, sqlx 0.8 or rusqlite);
+//!   came from sqlx 0.9, sqlx 0.8, rusqlite or libsql);
 //! - the tables, which need no driver: [`sqlite`] (shared by every SQLite binding),
 //!   [`postgres`], [`mysql`];
 //! - the bindings, each behind its feature: `sqlx` (sqlx 0.9), `sqlx08` (sqlx 0.8), `rusqlite`,
@@ -29,7 +29,8 @@
 //! version) on the application, and make it impossible to use next to another SQLite binding.
 //! The sqlx bindings depend on sqlx-core only and recognise SQLite errors by the shape of their
 //! code (see [`sqlite`]); PostgreSQL and MySQL errors are recognised by downcast, their drivers
-//! being pure Rust; the rusqlite binding uses the application's own rusqlite.
+//! being pure Rust; the rusqlite and libsql bindings use the application's own copy of those
+//! crates, without turning on any of their features.
 
 use std::borrow::Cow;
 use std::fmt;
