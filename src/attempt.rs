@@ -29,7 +29,8 @@ use http::request::Parts;
 /// [`Attempt::fence`]: a retryable failure after that point is answered as it is, without
 /// replay (outcome `fenced`).
 ///
-/// ```
+#[cfg_attr(feature = "sqlx", doc = "```")]
+#[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
 /// # use tower_sqlite_retry::{Attempt, DbError};
 /// # async fn send_receipt() {}
 /// async fn checkout(attempt: Attempt, db: sqlx::SqlitePool) -> Result<(), DbError> {

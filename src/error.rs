@@ -5,22 +5,26 @@ use std::fmt;
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 
-use crate::classify::{Retryable, classify, database_code, is_constraint_violation};
+use crate::classify::{Retryable, database_detail};
 
 /// A handler error for database-backed axum services.
 ///
-/// Any [`sqlx::Error`] converts into it with `?`. Its [`IntoResponse`] answers:
+/// The error of every supported driver converts into it with `?`, each behind its feature:
+/// `sqlx::Error` of sqlx 0.9 (`sqlx`, the default), of sqlx 0.8 (`sqlx-0_8`),
+/// `rusqlite::Error` (`rusqlite`) and `libsql::Error` (`libsql`). All are classified by the same tables, so the answer depends
+/// on the database's code, not on the driver. Its [`IntoResponse`] answers:
 ///
 /// | error | status | body |
 /// |---|---|---|
-/// | retryable ([`classify`]) | `503 Service Unavailable` and the [`Retryable`] marker that makes the layer replay the request (when the layer gives up it adds `Retry-After`, unless the handler fenced) | `service busy, retry later` |
+/// | retryable (`classify`, `classify_sqlx_0_8`, `classify_rusqlite`, `classify_libsql`) | `503 Service Unavailable` and the [`Retryable`] marker that makes the layer replay the request (when the layer gives up it adds `Retry-After`, unless the handler fenced) | `service busy, retry later` |
 /// | constraint violation | `409 Conflict` | `conflict` |
 /// | anything else | `500 Internal Server Error` | `internal error` |
 ///
 /// The body never carries SQL, codes or messages: those go to `tracing` (target
 /// `tower_sqlite_retry`, event `db error`), where operators can see them.
 ///
-/// ```
+#[cfg_attr(feature = "sqlx", doc = "```")]
+#[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
 /// use axum::{extract::State, routing::post, Json, Router};
 /// use sqlx::SqlitePool;
 /// use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer};
@@ -52,6 +56,16 @@ pub struct DbError {
 }
 
 #[derive(Debug)]
+// Without a driver feature, only `DbError::internal` makes one.
+#[cfg_attr(
+    not(any(
+        feature = "sqlx",
+        feature = "sqlx-0_8",
+        feature = "rusqlite",
+        feature = "libsql"
+    )),
+    allow(dead_code)
+)]
 enum Kind {
     Retryable(Retryable),
     Conflict,
@@ -84,7 +98,8 @@ impl DbError {
 
     /// The replay marker, when the error is retryable.
     ///
-    /// ```
+    #[cfg_attr(feature = "sqlx", doc = "```")]
+    #[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
     /// # use tower_sqlite_retry::DbError;
     /// let err = DbError::from(sqlx::Error::PoolTimedOut);
     /// assert_eq!(err.retryable().unwrap().name(), "POOL_TIMED_OUT");
@@ -102,19 +117,76 @@ impl DbError {
     }
 }
 
-impl From<sqlx::Error> for DbError {
-    fn from(error: sqlx::Error) -> Self {
-        let kind = if let Some(r) = classify(&error) {
-            Kind::Retryable(r)
-        } else if is_constraint_violation(&error) {
-            Kind::Conflict
-        } else {
-            Kind::Internal
+impl DbError {
+    /// A driver's error, classified by the shared tables.
+    #[cfg(any(
+        feature = "sqlx",
+        feature = "sqlx-0_8",
+        feature = "rusqlite",
+        feature = "libsql"
+    ))]
+    fn classified(
+        retryable: Option<Retryable>,
+        conflict: bool,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        let kind = match retryable {
+            Some(r) => Kind::Retryable(r),
+            None if conflict => Kind::Conflict,
+            None => Kind::Internal,
         };
         Self {
             kind,
-            source: Box::new(error),
+            source: Box::new(source),
         }
+    }
+}
+
+/// sqlx 0.9: [`classify`](crate::classify), then
+/// [`is_constraint_violation`](crate::is_constraint_violation).
+#[cfg(feature = "sqlx")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+impl From<sqlx::Error> for DbError {
+    fn from(error: sqlx::Error) -> Self {
+        let retryable = crate::classify(&error);
+        let conflict = crate::is_constraint_violation(&error);
+        Self::classified(retryable, conflict, error)
+    }
+}
+
+/// sqlx 0.8: [`classify_sqlx_0_8`](crate::classify_sqlx_0_8), then
+/// [`is_constraint_violation_sqlx_0_8`](crate::is_constraint_violation_sqlx_0_8).
+#[cfg(feature = "sqlx-0_8")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx-0_8")))]
+impl From<sqlx_0_8::Error> for DbError {
+    fn from(error: sqlx_0_8::Error) -> Self {
+        let retryable = crate::classify_sqlx_0_8(&error);
+        let conflict = crate::is_constraint_violation_sqlx_0_8(&error);
+        Self::classified(retryable, conflict, error)
+    }
+}
+
+/// rusqlite: [`classify_rusqlite`](crate::classify_rusqlite), then
+/// [`is_constraint_violation_rusqlite`](crate::is_constraint_violation_rusqlite).
+#[cfg(feature = "rusqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rusqlite")))]
+impl From<rusqlite::Error> for DbError {
+    fn from(error: rusqlite::Error) -> Self {
+        let retryable = crate::classify_rusqlite(&error);
+        let conflict = crate::is_constraint_violation_rusqlite(&error);
+        Self::classified(retryable, conflict, error)
+    }
+}
+
+/// libSQL: [`classify_libsql`](crate::classify_libsql), then
+/// [`is_constraint_violation_libsql`](crate::is_constraint_violation_libsql).
+#[cfg(feature = "libsql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "libsql")))]
+impl From<libsql::Error> for DbError {
+    fn from(error: libsql::Error) -> Self {
+        let retryable = crate::classify_libsql(&error);
+        let conflict = crate::is_constraint_violation_libsql(&error);
+        Self::classified(retryable, conflict, error)
     }
 }
 
@@ -146,12 +218,8 @@ impl std::error::Error for DbError {
 impl IntoResponse for DbError {
     fn into_response(self) -> Response {
         let status = self.status();
-        let (code, message) = match self.source.downcast_ref::<sqlx::Error>() {
-            Some(sqlx::Error::Database(db)) => {
-                (database_code(db.as_ref()), db.message().to_owned())
-            }
-            _ => (String::new(), self.source.to_string()),
-        };
+        let (code, message) = database_detail(self.source.as_ref())
+            .unwrap_or_else(|| (String::new(), self.source.to_string()));
         match &self.kind {
             Kind::Retryable(r) => {
                 tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,

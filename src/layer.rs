@@ -99,7 +99,8 @@ impl<C> SqliteRetryLayer<C> {
     /// [`ClassifyError`](crate::ClassifyError) for the service's error type (axum handlers answer with a response and use the
     /// [`Retryable`](crate::Retryable) marker instead).
     ///
-    /// ```
+    #[cfg_attr(feature = "sqlx", doc = "```")]
+    #[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
     /// use tower_sqlite_retry::{RetryPolicy, SqliteRetryLayer, SqlxErrors};
     ///
     /// // errors that are (or box) a sqlx::Error, classified with `classify`:

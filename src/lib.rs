@@ -15,11 +15,13 @@
 //!
 //! # Quick start
 //!
-//! The handler returns [`DbError`], which any [`sqlx::Error`] converts into with `?`: a
-//! retryable error answers `503` with `Retry-After` and the [`Retryable`] marker that makes the
-//! layer replay the request.
+//! The handler returns [`DbError`], which any `sqlx::Error` (or rusqlite, libSQL, sqlx 0.8
+//! error, with their features) converts into with `?`: a retryable error answers `503` with the
+//! [`Retryable`] marker that makes the layer replay the request; when the layer gives up, it
+//! adds `Retry-After`.
 //!
-//! ```
+#![cfg_attr(feature = "sqlx", doc = "```")]
+#![cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
 //! use axum::{extract::State, routing::post, Json, Router};
 //! use sqlx::SqlitePool;
 //! use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer};
@@ -87,10 +89,14 @@
 //!
 //! | feature | what it adds |
 //! |---|---|
-//! | `sqlite` (default) | SQLite's extended result codes in [`classify`] |
-//! | `postgres` | PostgreSQL SQLSTATEs in [`classify`] |
-//! | `mysql` | MySQL/MariaDB error numbers in [`classify`] |
+//! | `sqlx` (default) | sqlx 0.9 errors: `classify`, `SqlxErrors`, `DbError: From<sqlx::Error>`; needs no SQLite C library |
+//! | `sqlx-0_8` | the same for sqlx 0.8 (`classify_sqlx_0_8`) |
+//! | `rusqlite` | rusqlite 0.14 to 0.43 (`classify_rusqlite`, `RusqliteErrors`, `From<rusqlite::Error>`) |
+//! | `libsql` | libSQL 0.10, local and embedded-replica databases (`classify_libsql`) |
+//! | `postgres` | PostgreSQL SQLSTATEs, in whichever sqlx versions are on |
+//! | `mysql` | MySQL/MariaDB error numbers, in whichever sqlx versions are on |
 //! | `metrics` | metrics through the [`metrics`](https://docs.rs/metrics) facade |
+//! | `sqlite` | deprecated alias of `sqlx` |
 //!
 //! The README has the rest: where the layer sits among other layers, the SQLite settings to
 //! pair it with, a demonstration under load, and moving to PostgreSQL or MySQL.
@@ -117,20 +123,30 @@ mod service;
 pub use admission::Admission;
 pub use attempt::{Attempt, Outcome, RetryOutcome};
 pub use body::ReplayBody;
+#[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]
+pub use classify::SqlxErrors;
 pub use classify::{
-    ClassifyError, NeverRetryErrors, Retryable, SqlxErrors, classify, classify_mysql_code,
-    classify_postgres_code, classify_sqlite_code, is_constraint_violation, mysql_code_name,
-    postgres_code_name, sqlite_code_name,
+    ClassifyError, NeverRetryErrors, Retryable, classify_mysql_code, classify_postgres_code,
+    classify_sqlite_code, mysql_code_name, postgres_code_name, sqlite_code_name,
 };
+#[cfg(feature = "libsql")]
+pub use classify::{LibsqlErrors, classify_libsql, is_constraint_violation_libsql};
+#[cfg(feature = "rusqlite")]
+pub use classify::{RusqliteErrors, classify_rusqlite, is_constraint_violation_rusqlite};
+#[cfg(feature = "sqlx")]
+pub use classify::{classify, is_constraint_violation};
+#[cfg(feature = "sqlx-0_8")]
+pub use classify::{classify_sqlx_0_8, is_constraint_violation_sqlx_0_8};
 pub use error::DbError;
 pub use layer::SqliteRetryLayer;
 pub use metrics::{HISTOGRAM_BUCKETS, MetricsSnapshot, RetryMetrics};
 pub use policy::{InvalidPolicy, Jitter, RetryPolicy};
 pub use service::SqliteRetry;
 
-// The README's Rust blocks run as doctests; the README itself is for people (and a forge).
+// The README's Rust blocks run as doctests (they are handlers on sqlx 0.9: with the `sqlx`
+// feature); the README itself is for people (and a forge).
 #[doc = include_str!("../README.md")]
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "sqlx"))]
 pub struct ReadmeDoctests;
 
 #[cfg(test)]

@@ -309,6 +309,7 @@ pub type Calls = std::sync::Arc<std::sync::Mutex<Vec<(u32, Option<String>)>>>;
 
 /// Records in `calls` the attempt's number and what its result met: nothing, the retryable
 /// code, or `other: {error}`.
+#[cfg(feature = "sqlx")]
 pub fn record(
     calls: &Calls,
     attempt: &tower_sqlite_retry::Attempt,

@@ -1,0 +1,328 @@
+//! What is retryable: the [`Retryable`] marker, the [`ClassifyError`] trait for service errors,
+//! and one table per database, fed by one binding per driver.
+//!
+//! # Layout
+//!
+//! - this file: the marker, the error classifiers ([`NeverRetryErrors`], `SqlxErrors`), and the
+//!   dispatch: every binding turns its driver's error into a [`Coded`] (which database, which
+//!   code, the message), and the tables decide on that, so that every driver of one database
+//!   answers alike (a `SQLITE_BUSY` is retried, a `SQLITE_CONSTRAINT_*` is a `409`, whether it
+//!   came from sqlx 0.9, sqlx 0.8, rusqlite or libsql);
+//! - the tables, which need no driver: [`sqlite`] (shared by every SQLite binding),
+//!   [`postgres`], [`mysql`];
+//! - the bindings, each behind its feature: `sqlx` (sqlx 0.9), `sqlx08` (sqlx 0.8), `rusqlite`,
+//!   `libsql`.
+//!
+//! # Why codes, never message text
+//!
+//! Messages change between versions, are localised by some servers, and repeat one wording for
+//! unrelated codes (`database is locked` for `SQLITE_BUSY`, `SQLITE_BUSY_SNAPSHOT` and more).
+//! Every decision here is taken on a code; the one exception is SQLite's own
+//! `database is deadlocked` for plain `SQLITE_LOCKED`, the only way SQLite tells an
+//! unlock-notify deadlock victim (which a replay cures) from a same-connection lock (which it
+//! does not).
+//!
+//! # Why no driver for SQLite
+//!
+//! A SQLite driver carries `libsqlite3-sys`, whose `links = "sqlite3"` lets one version into a
+//! build: depending on one would force this crate's choice of SQLite (bundled or not, which
+//! version) on the application, and make it impossible to use next to another SQLite binding.
+//! The sqlx bindings depend on sqlx-core only and recognise SQLite errors by the shape of their
+//! code (see [`sqlite`]); PostgreSQL and MySQL errors are recognised by downcast, their drivers
+//! being pure Rust; the rusqlite and libsql bindings use the application's own copy of those
+//! crates, without turning on any of their features.
+
+use std::borrow::Cow;
+use std::fmt;
+
+#[cfg(feature = "libsql")]
+mod libsql;
+mod mysql;
+mod postgres;
+#[cfg(feature = "rusqlite")]
+mod rusqlite;
+mod sqlite;
+#[cfg(feature = "sqlx")]
+mod sqlx;
+#[cfg(feature = "sqlx-0_8")]
+mod sqlx08;
+
+#[cfg(feature = "libsql")]
+pub use self::libsql::{LibsqlErrors, classify_libsql, is_constraint_violation_libsql};
+pub use self::mysql::{classify_mysql_code, mysql_code_name};
+pub use self::postgres::{classify_postgres_code, postgres_code_name};
+#[cfg(feature = "rusqlite")]
+pub use self::rusqlite::{RusqliteErrors, classify_rusqlite, is_constraint_violation_rusqlite};
+pub use self::sqlite::{classify_sqlite_code, sqlite_code_name};
+#[cfg(feature = "sqlx")]
+pub use self::sqlx::{classify, is_constraint_violation};
+#[cfg(feature = "sqlx-0_8")]
+pub use self::sqlx08::{classify_sqlx_0_8, is_constraint_violation_sqlx_0_8};
+
+/// The response extension that asks the layer to replay the request, and says why.
+///
+/// [`DbError`](crate::DbError) inserts it for retryable database errors. A handler with its
+/// own error type inserts the marker that its driver's classifier returns (`classify` for sqlx
+/// 0.9, `classify_sqlx_0_8`, `classify_rusqlite`, `classify_libsql`, or a code table such as
+/// [`classify_sqlite_code`] for any other binding):
+///
+#[cfg_attr(feature = "sqlx", doc = "```")]
+#[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
+/// use axum::response::{IntoResponse, Response};
+/// use http::StatusCode;
+///
+/// enum AppError {
+///     Db(sqlx::Error),
+/// }
+///
+/// impl IntoResponse for AppError {
+///     fn into_response(self) -> Response {
+///         match self {
+///             AppError::Db(e) => {
+///                 let mut res = StatusCode::SERVICE_UNAVAILABLE.into_response();
+///                 if let Some(marker) = tower_sqlite_retry::classify(&e) {
+///                     res.extensions_mut().insert(marker);
+///                 }
+///                 res
+///             }
+///         }
+///     }
+/// }
+/// # let res = AppError::Db(sqlx::Error::PoolTimedOut).into_response();
+/// # assert!(res.extensions().get::<tower_sqlite_retry::Retryable>().is_some());
+/// ```
+///
+/// The layer never looks at status codes or message text: only this marker (or, for plain
+/// tower services, an error classifier) triggers a replay.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Retryable {
+    code: Cow<'static, str>,
+    name: Cow<'static, str>,
+}
+
+impl Retryable {
+    /// A marker with a database code (`"517"`, `"40001"`, `"1213"`) and its name
+    /// (`"SQLITE_BUSY_SNAPSHOT"`).
+    ///
+    /// ```
+    /// # use tower_sqlite_retry::Retryable;
+    /// let r = Retryable::new("517", "SQLITE_BUSY_SNAPSHOT");
+    /// assert_eq!(r.code(), "517");
+    /// assert_eq!(r.name(), "SQLITE_BUSY_SNAPSHOT");
+    /// ```
+    pub fn new(code: impl Into<Cow<'static, str>>, name: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            code: code.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The database's code as text: SQLite's extended result code in decimal, a PostgreSQL
+    /// SQLSTATE, a MySQL error number, or `"pool_timed_out"`.
+    pub fn code(&self) -> &str {
+        &self.code
+    }
+
+    /// The code's symbolic name, for logs and dashboards.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl fmt::Display for Retryable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.name, self.code)
+    }
+}
+
+/// The marker for a pool that had no connection to give within its acquire timeout: the same
+/// for every pool.
+#[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]
+fn pool_timed_out() -> Retryable {
+    Retryable::new("pool_timed_out", "POOL_TIMED_OUT")
+}
+
+/// A database error as the tables see it, whatever the binding that produced it: which
+/// database, its code, and the message (only ever compared for SQLite's
+/// `database is deadlocked`).
+#[cfg(any(
+    feature = "sqlx",
+    feature = "sqlx-0_8",
+    feature = "rusqlite",
+    feature = "libsql"
+))]
+pub(crate) struct Coded<'a> {
+    pub(crate) backend: Backend<'a>,
+    pub(crate) message: &'a str,
+}
+
+/// Which database an error came from, and its code in that database's terms.
+#[cfg(any(
+    feature = "sqlx",
+    feature = "sqlx-0_8",
+    feature = "rusqlite",
+    feature = "libsql"
+))]
+// Which variants a build constructs depends on its features (`Postgres` needs `postgres` and a
+// sqlx binding, for instance).
+#[allow(dead_code)]
+pub(crate) enum Backend<'a> {
+    /// SQLite's extended result code.
+    Sqlite(i32),
+    /// PostgreSQL's SQLSTATE.
+    Postgres(&'a str),
+    /// MySQL's or MariaDB's server error number.
+    MySql(u16),
+    /// A database whose table is not compiled in (its feature is off), with the code the
+    /// driver gave, if any: never retryable.
+    Unknown(Option<Cow<'a, str>>),
+}
+
+#[cfg(any(
+    feature = "sqlx",
+    feature = "sqlx-0_8",
+    feature = "rusqlite",
+    feature = "libsql"
+))]
+impl Coded<'_> {
+    /// The marker, if the error is worth a replay.
+    pub(crate) fn classify(&self) -> Option<Retryable> {
+        match &self.backend {
+            Backend::Sqlite(code) => classify_sqlite_code(*code, self.message),
+            Backend::Postgres(sqlstate) => classify_postgres_code(sqlstate),
+            Backend::MySql(number) => classify_mysql_code(*number),
+            Backend::Unknown(_) => None,
+        }
+    }
+
+    /// Whether the code is a constraint violation. The sqlx bindings also ask the driver's
+    /// `ErrorKind`, which is how MySQL's constraint numbers are told.
+    pub(crate) fn is_constraint(&self) -> bool {
+        match &self.backend {
+            Backend::Sqlite(code) => sqlite::is_sqlite_constraint(*code),
+            Backend::Postgres(sqlstate) => postgres::is_postgres_constraint(sqlstate),
+            Backend::MySql(_) | Backend::Unknown(_) => false,
+        }
+    }
+
+    /// The code that the tracing schema reports (`db.response.status_code`): SQLite's extended
+    /// result code, PostgreSQL's SQLSTATE, MySQL's error number, or what the driver gave.
+    pub(crate) fn code(&self) -> String {
+        match &self.backend {
+            Backend::Sqlite(code) => code.to_string(),
+            Backend::Postgres(sqlstate) => (*sqlstate).to_owned(),
+            Backend::MySql(number) => number.to_string(),
+            Backend::Unknown(code) => code.as_deref().unwrap_or_default().to_owned(),
+        }
+    }
+}
+
+/// The code and the message of a database error that [`DbError`](crate::DbError) holds, for
+/// its tracing event; `None` when the error is no driver's database error.
+pub(crate) fn database_detail(
+    error: &(dyn std::error::Error + Send + Sync + 'static),
+) -> Option<(String, String)> {
+    #[cfg(feature = "sqlx")]
+    if let Some(detail) = self::sqlx::database_detail(error) {
+        return Some(detail);
+    }
+    #[cfg(feature = "sqlx-0_8")]
+    if let Some(detail) = self::sqlx08::database_detail(error) {
+        return Some(detail);
+    }
+    #[cfg(feature = "rusqlite")]
+    if let Some(detail) = self::rusqlite::database_detail(error) {
+        return Some(detail);
+    }
+    #[cfg(feature = "libsql")]
+    if let Some(detail) = self::libsql::database_detail(error) {
+        return Some(detail);
+    }
+    let _ = error;
+    None
+}
+
+/// Decides whether a tower service's `Err` is worth a replay. Used by
+/// [`SqliteRetryLayer::classify_errors`](crate::SqliteRetryLayer::classify_errors) for plain
+/// tower services whose `Error` is not `Infallible`; axum handlers use the response marker
+/// instead.
+///
+/// Implemented for closures `Fn(&E) -> Option<Retryable>`, and by [`NeverRetryErrors`]
+/// (the default), `SqlxErrors` (features `sqlx`, `sqlx-0_8`), `RusqliteErrors` (feature
+/// `rusqlite`) and `LibsqlErrors` (feature `libsql`).
+pub trait ClassifyError<E> {
+    /// `Some` to replay, with the reason; `None` to return the error.
+    fn classify_error(&self, error: &E) -> Option<Retryable>;
+}
+
+impl<E, F> ClassifyError<E> for F
+where
+    F: Fn(&E) -> Option<Retryable>,
+{
+    fn classify_error(&self, error: &E) -> Option<Retryable> {
+        self(error)
+    }
+}
+
+/// The default error classifier: service errors are never replayed.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NeverRetryErrors;
+
+impl<E> ClassifyError<E> for NeverRetryErrors {
+    fn classify_error(&self, _: &E) -> Option<Retryable> {
+        None
+    }
+}
+
+/// An error classifier for services whose error is, or boxes, a sqlx error: runs [`classify`]
+/// on a sqlx 0.9 error (feature `sqlx`) and [`classify_sqlx_0_8`] on a sqlx 0.8 one (feature
+/// `sqlx-0_8`), whichever are on.
+///
+/// ```
+/// use tower_sqlite_retry::{ClassifyError, SqlxErrors};
+///
+/// # #[cfg(feature = "sqlx")] {
+/// let boxed: tower::BoxError = Box::new(sqlx::Error::PoolTimedOut);
+/// assert_eq!(SqlxErrors.classify_error(&boxed).unwrap().name(), "POOL_TIMED_OUT");
+/// assert!(SqlxErrors.classify_error(&sqlx::Error::RowNotFound).is_none());
+/// # }
+/// # #[cfg(feature = "sqlx-0_8")] {
+/// let boxed: tower::BoxError = Box::new(sqlx_0_8::Error::PoolTimedOut);
+/// assert_eq!(SqlxErrors.classify_error(&boxed).unwrap().name(), "POOL_TIMED_OUT");
+/// # }
+/// let other: tower::BoxError = "not a database error".into();
+/// assert!(SqlxErrors.classify_error(&other).is_none());
+/// ```
+#[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlx", feature = "sqlx-0_8"))))]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SqlxErrors;
+
+#[cfg(feature = "sqlx")]
+impl ClassifyError<::sqlx::Error> for SqlxErrors {
+    fn classify_error(&self, error: &::sqlx::Error) -> Option<Retryable> {
+        classify(error)
+    }
+}
+
+#[cfg(feature = "sqlx-0_8")]
+impl ClassifyError<sqlx_0_8::Error> for SqlxErrors {
+    fn classify_error(&self, error: &sqlx_0_8::Error) -> Option<Retryable> {
+        classify_sqlx_0_8(error)
+    }
+}
+
+#[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]
+impl ClassifyError<tower::BoxError> for SqlxErrors {
+    fn classify_error(&self, error: &tower::BoxError) -> Option<Retryable> {
+        #[cfg(feature = "sqlx")]
+        if let Some(error) = error.downcast_ref::<::sqlx::Error>() {
+            return classify(error);
+        }
+        #[cfg(feature = "sqlx-0_8")]
+        if let Some(error) = error.downcast_ref::<sqlx_0_8::Error>() {
+            return classify_sqlx_0_8(error);
+        }
+        None
+    }
+}

@@ -1,0 +1,95 @@
+//! The rusqlite stack (feature `rusqlite`, rusqlite 0.43 with its bundled SQLite): the README's
+//! handler on a real SQLite file, served over real HTTP behind the layer. A write while another
+//! connection holds `BEGIN IMMEDIATE` (busy timeout 0) meets `SQLITE_BUSY`, is replayed once
+//! the lock is gone, and succeeds on attempt 2; a unique violation is answered `409` and not
+//! replayed. The same scenario as the main package's `tests/stack_sqlx.rs`: see
+//! `../../harness.rs`.
+
+#[path = "../../harness.rs"]
+mod harness;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::routing::post;
+use http::StatusCode;
+use rusqlite::Connection;
+use tower_sqlite_retry::DbError;
+
+use harness::{Attempts, Release};
+
+// The README's handler ("Supported stacks", rusqlite).
+async fn add(
+    State(db): State<Arc<Mutex<Connection>>>,
+    name: String,
+) -> Result<StatusCode, DbError> {
+    db.lock()
+        .unwrap()
+        .execute("INSERT INTO items (name) VALUES (?1)", [name])?;
+    Ok(StatusCode::CREATED)
+}
+
+/// The app's connection to a SQLite file in a directory of its own: WAL, busy timeout 0, the
+/// schema created, all before any lock is taken.
+fn database() -> (tempfile::TempDir, Connection) {
+    let dir = tempfile::tempdir().unwrap();
+    let conn = Connection::open(dir.path().join("stack.db")).unwrap();
+    conn.pragma_update(None, "journal_mode", "wal").unwrap();
+    conn.busy_timeout(Duration::ZERO).unwrap();
+    conn.execute_batch(harness::SCHEMA).unwrap();
+    (dir, conn)
+}
+
+/// Takes the write lock on a connection of its own; the release rolls it back.
+fn hold_write_lock(path: &Path) -> Release {
+    let conn = Connection::open(path).unwrap();
+    conn.busy_timeout(Duration::from_secs(5)).unwrap();
+    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let holder = Arc::new(Mutex::new(Some(conn)));
+    Arc::new(move || {
+        if let Some(conn) = holder.lock().unwrap().take() {
+            conn.execute_batch("ROLLBACK").unwrap();
+        }
+        Box::pin(async {})
+    })
+}
+
+fn routes(conn: Connection) -> Router {
+    Router::new()
+        .route("/items", post(add))
+        .with_state(Arc::new(Mutex::new(conn)))
+}
+
+#[tokio::test]
+async fn busy_is_replayed_and_succeeds_on_attempt_2() {
+    let (dir, conn) = database();
+    let release = hold_write_lock(&dir.path().join("stack.db"));
+    let attempts = Attempts::default();
+    let server = harness::serve(harness::app(routes(conn), attempts.clone(), release)).await;
+
+    harness::assert_busy_replayed_and_created(&server, &attempts).await;
+    let check = Connection::open(dir.path().join("stack.db")).unwrap();
+    let rows: i64 = check
+        .query_row("SELECT COUNT(*) FROM items WHERE name = 'apple'", [], |r| {
+            r.get(0)
+        })
+        .unwrap();
+    assert_eq!(rows, 1);
+}
+
+#[tokio::test]
+async fn constraint_violation_is_409_and_not_replayed() {
+    let (_dir, conn) = database();
+    let attempts = Attempts::default();
+    let server = harness::serve(harness::app(
+        routes(conn),
+        attempts.clone(),
+        harness::no_lock(),
+    ))
+    .await;
+
+    harness::assert_conflict_not_replayed(&server, &attempts).await;
+}
