@@ -52,9 +52,10 @@
 //! # let _ = app;
 //! ```
 //!
-//! With an error type of your own, call [`classify`] and insert the [`Retryable`] it returns
-//! into your response's extensions. A plain tower service whose `Error` is not `Infallible`
-//! has its errors classified instead ([`SqliteRetryLayer::classify_errors`], [`SqlxErrors`]).
+//! With an error type of your own, call `classify` (or the function for your driver) and insert
+//! the [`Retryable`] it returns into your response's extensions. A plain tower service whose
+//! `Error` is not `Infallible` has its errors classified instead
+//! ([`SqliteRetryLayer::classify_errors`], `SqlxErrors`).
 //!
 //! # When is a replay safe?
 //!
@@ -72,12 +73,16 @@
 //! # Where to look
 //!
 //! - [`SqliteRetryLayer`] and the [`SqliteRetry`] service it builds; [`future::ResponseFuture`],
-//!   the state machine that buffers, calls, backs off and replays.
+//!   the state machine that buffers, waits, calls, backs off and replays; [`ReplayBody`], the
+//!   body each attempt gets ([`body`] explains how it is kept).
 //! - [`RetryPolicy`]: attempts, backoff and [`Jitter`], the deadline, the body caps, the replay
-//!   gate, an optional retry budget; [`InvalidPolicy`] says why a policy cannot work.
-//! - Classification: [`classify`] (a `sqlx::Error`), [`classify_sqlite_code`],
-//!   [`classify_postgres_code`], [`classify_mysql_code`] (raw codes),
-//!   [`is_constraint_violation`]; [`ClassifyError`] for service errors.
+//!   gate, writer [`Admission`] (a learned limit on the attempts in flight of each route that
+//!   meets contention), an optional retry budget; [`InvalidPolicy`] says why a policy cannot
+//!   work.
+//! - Classification: `classify` (a `sqlx::Error`; `classify_sqlx_0_8`, `classify_rusqlite`,
+//!   `classify_libsql` for the other drivers, with their features), [`classify_sqlite_code`],
+//!   [`classify_postgres_code`], [`classify_mysql_code`] (raw codes), `is_constraint_violation`;
+//!   [`ClassifyError`] for service errors.
 //! - Per request: [`Attempt`] (the request extension on every attempt, with the fence) and
 //!   [`RetryOutcome`] with its [`Outcome`] (the response extension on the answer).
 //! - Observability: tracing (target `tower_sqlite_retry`, span `sqlite_retry`), the layer's
