@@ -1,13 +1,12 @@
 //! Request and response extensions: `Attempt` on every attempt, `RetryOutcome` on the answer.
 
-use std::convert::Infallible;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+#[cfg(feature = "axum")]
 use axum::extract::FromRequestParts;
-use http::request::Parts;
 
 /// The request extension on every attempt: which attempt this is (1-based) and how many are
 /// allowed.
@@ -154,10 +153,15 @@ impl fmt::Debug for Attempt {
     }
 }
 
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl<S: Send + Sync> FromRequestParts<S> for Attempt {
-    type Rejection = Infallible;
+    type Rejection = std::convert::Infallible;
 
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
         Ok(parts
             .extensions
             .get::<Attempt>()

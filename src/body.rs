@@ -33,7 +33,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, ready};
 
-use axum::BoxError;
+use tower::BoxError;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::HeaderMap;
@@ -535,10 +535,12 @@ fn to_bytes<D: Buf>(frame: Frame<D>) -> Frame<Bytes> {
 /// what it would have got without the layer.
 fn transparent<E: Into<BoxError>>(error: E) -> BoxError {
     let error = error.into();
-    match error.downcast::<axum::Error>() {
+    #[cfg(feature = "axum")]
+    let error = match error.downcast::<axum::Error>() {
         Ok(axum_error) => axum_error.into_inner(),
         Err(error) => error,
-    }
+    };
+    error
 }
 
 impl<B> Body for ReplayBody<B>

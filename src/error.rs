@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+#[cfg(feature = "axum")]
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 
@@ -215,8 +216,19 @@ impl std::error::Error for DbError {
     }
 }
 
-impl IntoResponse for DbError {
-    fn into_response(self) -> Response {
+impl DbError {
+    /// The answer, as an `http::Response` with any body a `&'static str` converts into: what
+    /// [`IntoResponse`](axum::response::IntoResponse) gives under axum, for plain hyper and
+    /// tower services. The status says what happened, the body carries no database detail
+    /// (that goes to tracing), and a retryable error carries the [`Retryable`] marker.
+    ///
+    /// ```
+    /// # use tower_sqlite_retry::{DbError, Retryable};
+    /// let res: http::Response<String> = DbError::internal(std::io::Error::other("x")).into_http_response();
+    /// assert_eq!(res.status(), 500);
+    /// assert_eq!(res.body(), "internal error");
+    /// ```
+    pub fn into_http_response<B: From<&'static str>>(self) -> http::Response<B> {
         let status = self.status();
         let (code, message) = database_detail(self.source.as_ref())
             .unwrap_or_else(|| (String::new(), self.source.to_string()));
@@ -245,7 +257,12 @@ impl IntoResponse for DbError {
             Kind::Conflict => "conflict",
             Kind::Internal => "internal error",
         };
-        let mut res = (status, body).into_response();
+        let mut res = http::Response::new(B::from(body));
+        *res.status_mut() = status;
+        res.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
         if let Kind::Retryable(r) = self.kind {
             // No `Retry-After` here: the layer adds one where a later try can succeed (never
             // after `Attempt::fence`), spread so that clients turned away together do not come
@@ -253,5 +270,13 @@ impl IntoResponse for DbError {
             res.extensions_mut().insert(r);
         }
         res
+    }
+}
+
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+impl IntoResponse for DbError {
+    fn into_response(self) -> Response {
+        self.into_http_response()
     }
 }
