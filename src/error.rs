@@ -13,7 +13,7 @@ use crate::classify::{Retryable, database_detail};
 /// The error of every supported driver converts into it with `?`, each behind its feature:
 /// `sqlx::Error` of sqlx 0.9 (`sqlx`, the default), of sqlx 0.8 (`sqlx-0_8`),
 /// `rusqlite::Error` (`rusqlite`) and `libsql::Error` (`libsql`). All are classified by the same tables, so the answer depends
-/// on the database's code, not on the driver. Its [`IntoResponse`] answers:
+/// on the database's code, not on the driver. Its `IntoResponse` (feature `axum`) and [`into_http_response`](DbError::into_http_response) answer:
 ///
 /// | error | status | body |
 /// |---|---|---|
@@ -218,7 +218,7 @@ impl std::error::Error for DbError {
 
 impl DbError {
     /// The answer, as an `http::Response` with any body a `&'static str` converts into: what
-    /// [`IntoResponse`](axum::response::IntoResponse) gives under axum, for plain hyper and
+    /// `IntoResponse` gives under axum, for plain hyper and
     /// tower services. The status says what happened, the body carries no database detail
     /// (that goes to tracing), and a retryable error carries the [`Retryable`] marker.
     ///
