@@ -462,6 +462,12 @@ fn print_table(runs: &[&Report]) {
                 .collect(),
         ),
         (
+            "queued (writer admission)",
+            runs.iter()
+                .map(|r| layer(r, &|l| l.queued.to_string()))
+                .collect(),
+        ),
+        (
             "gave up after retrying",
             runs.iter()
                 .map(|r| layer(r, &|l| l.gave_up.to_string()))

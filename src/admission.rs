@@ -13,16 +13,18 @@
 //!   *after* their body is read and *before* the inner service's readiness is taken, for at
 //!   most the policy's deadline. A request keeps its slot through its backoff and replays, so a
 //!   replay never goes to the back of the queue.
-//! - The limit follows AIMD, as TCP's window and Netflix's `concurrency-limits` do, on the
-//!   share of admitted attempts that collide, judged every window of twice the limit's worth
-//!   of attempts (eight at least): above 40 % the limit goes down by a quarter (at least one,
-//!   never below one); below 20 %, while requests are waiting, it goes up by one; in between
-//!   it holds. Zero collisions is not the goal: a little overlap hides each transaction's
-//!   round trips to the database thread behind another's, and measured on a SQLite write route
-//!   (deferred read-then-write, 64 to 1,024 clients) goodput was highest with three to four
-//!   attempts in flight, where about a fifth of them collide, and p99 no worse than at one
-//!   (BENCHMARKS.md). A route whose handler spends most of its time outside the database (or
-//!   runs on PostgreSQL) collides less at any limit and climbs to the concurrency it can use.
+//! - The limit follows AIMD, as TCP's window and Netflix's `concurrency-limits` do, judged
+//!   every window of four times the limit's worth of admitted attempts (sixteen at least):
+//!   when more than 5 % of them collided, the limit goes down by a quarter (at least one, never
+//!   below one); when none did and requests are waiting, it goes up by one (a probe), after a
+//!   wait that doubles each time a probe is followed by collisions and halves each time one
+//!   is confirmed by a clean window. A route whose best limit is one (a SQLite write route
+//!   running a read-then-write transaction: any overlap collides) thus probes ever more
+//!   rarely, while a route whose handler spends most of its time outside the database (or
+//!   runs on PostgreSQL) climbs to the concurrency it can use. Measured on the former
+//!   (BENCHMARKS.md, "Real client"), a controller that tolerated 20–40 % of collisions settled
+//!   around five attempts in flight and did worse on every count than a limit of one: a
+//!   replay for every three commits, a quarter more CPU per write, and lower goodput.
 //!
 //! Why not tower's `ConcurrencyLimit`: its limit is fixed and known up front, applies to every
 //! request of the route (reads too, unless the route is split by method), and takes its permit
@@ -55,13 +57,13 @@ pub enum Admission {
 
 /// The most attempts in flight a learned limit grows to.
 const MAX_LIMIT: u32 = 256;
-/// The fewest admitted attempts a decision is made on; a window is twice the limit, at least.
-const WINDOW_MIN: u32 = 8;
-/// Raise the limit while fewer than this share of a window's attempts collide (and requests
-/// are waiting for a slot).
-const RAISE_BELOW: f64 = 0.2;
-/// Lower it when more than this share collide.
-const LOWER_ABOVE: f64 = 0.4;
+/// The fewest admitted attempts a window holds; a window is four times the limit, at least.
+const WINDOW_MIN: u32 = 16;
+/// Lower the limit when more than this share of a window's attempts collide.
+const LOWER_ABOVE: f64 = 0.05;
+/// The most clean windows between two probes of a higher limit (the wait doubles after each
+/// probe that collides, from one window).
+const PROBE_MAX: u32 = 256;
 
 /// Every route's limit, for one layer.
 pub(crate) struct Admissions {
@@ -146,6 +148,12 @@ struct Aimd {
     /// Admitted attempts finished in the current window, and how many of them collided.
     attempts: u32,
     collisions: u32,
+    /// Clean windows (no collision, requests waiting) since the limit last changed.
+    clean: u32,
+    /// Clean windows to wait before the next probe.
+    probe_every: u32,
+    /// The last change was a probe (a raise) not yet confirmed by a clean window.
+    probing: bool,
 }
 
 impl RouteLimit {
@@ -158,6 +166,9 @@ impl RouteLimit {
                 limit: 1,
                 attempts: 0,
                 collisions: 0,
+                clean: 0,
+                probe_every: 1,
+                probing: false,
             }),
         }
     }
@@ -203,40 +214,67 @@ impl RouteLimit {
         }
     }
 
-    /// How an admitted attempt ended: `collided` when it failed retryably. Every window of
-    /// attempts (twice the limit, at least [`WINDOW_MIN`]) moves the limit by the share that
-    /// collided: above [`LOWER_ABOVE`] it goes down by a quarter (at least one, never below
-    /// one); below [`RAISE_BELOW`], with requests waiting, up by one.
+    /// How an admitted attempt ended: `collided` when it failed retryably.
+    ///
+    /// Every window of attempts (four times the limit, at least [`WINDOW_MIN`]): more than
+    /// [`LOWER_ABOVE`] collided → the limit goes down by a quarter (at least one, never below
+    /// one), and if it had just been raised, the next probe waits twice as long; none collided
+    /// while requests were waiting → one more clean window, and after `probe_every` of them the
+    /// limit goes up by one (a probe; a clean window at the new limit confirms it and halves
+    /// the wait again); otherwise it holds.
     pub(crate) fn record(&self, collided: bool) {
         let mut s = self.lock();
         s.attempts += 1;
         s.collisions += u32::from(collided);
-        if s.attempts < (2 * s.limit).max(WINDOW_MIN) {
+        if s.attempts < (4 * s.limit).max(WINDOW_MIN) {
             return;
         }
         let share = f64::from(s.collisions) / f64::from(s.attempts);
+        let clean = s.collisions == 0;
         s.attempts = 0;
         s.collisions = 0;
-        if share > LOWER_ABOVE && s.limit > 1 {
-            let lower = (s.limit * 3 / 4).clamp(1, s.limit - 1);
-            self.debt.fetch_add(s.limit - lower, Ordering::AcqRel);
-            // Permits free right now retire at once; held ones as they come back.
-            let retired = self.semaphore.forget_permits((s.limit - lower) as usize) as u32;
-            self.debt.fetch_sub(retired, Ordering::AcqRel);
-            s.limit = lower;
-        } else if share < RAISE_BELOW
-            && self.waiting.load(Ordering::Relaxed) > 0
-            && s.limit < MAX_LIMIT
-        {
-            s.limit += 1;
-            // Pay back a retired permit rather than add one, if any is still owed.
-            let repaid = self
-                .debt
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| d.checked_sub(1))
-                .is_ok();
-            if !repaid {
-                self.semaphore.add_permits(1);
+        if share > LOWER_ABOVE {
+            if s.probing {
+                s.probe_every = (s.probe_every * 2).min(PROBE_MAX);
+                s.probing = false;
             }
+            s.clean = 0;
+            if s.limit > 1 {
+                let lower = (s.limit * 3 / 4).clamp(1, s.limit - 1);
+                self.debt.fetch_add(s.limit - lower, Ordering::AcqRel);
+                // Permits free right now retire at once; held ones as they come back.
+                let retired = self.semaphore.forget_permits((s.limit - lower) as usize) as u32;
+                self.debt.fetch_sub(retired, Ordering::AcqRel);
+                s.limit = lower;
+            }
+            return;
+        }
+        if !clean {
+            // A little contention: hold, and do not count the window as clean.
+            return;
+        }
+        if s.probing {
+            // A clean window at the probed limit: keep it, and probe sooner again.
+            s.probing = false;
+            s.probe_every = (s.probe_every / 2).max(1);
+        }
+        if self.waiting.load(Ordering::Relaxed) == 0 || s.limit >= MAX_LIMIT {
+            return;
+        }
+        s.clean += 1;
+        if s.clean < s.probe_every {
+            return;
+        }
+        s.clean = 0;
+        s.probing = true;
+        s.limit += 1;
+        // Pay back a retired permit rather than add one, if any is still owed.
+        let repaid = self
+            .debt
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| d.checked_sub(1))
+            .is_ok();
+        if !repaid {
+            self.semaphore.add_permits(1);
         }
     }
 }
@@ -310,6 +348,11 @@ mod tests {
         }
     }
 
+    /// The current window's length.
+    fn w(route: &RouteLimit) -> u32 {
+        (4 * route.limit()).max(WINDOW_MIN)
+    }
+
     #[test]
     fn raises_only_while_requests_wait() {
         let route = limited();
@@ -322,33 +365,49 @@ mod tests {
     }
 
     #[test]
-    fn the_share_of_collisions_moves_the_limit() {
+    fn a_probe_that_collides_is_undone_and_the_next_one_waits_twice_as_long() {
         let route = limited();
         route.waiting.fetch_add(1, Ordering::Relaxed);
-        while route.limit() < 8 {
-            let w = (2 * route.limit()).max(WINDOW_MIN);
-            window(&route, w, w / 10); // 10 %: clean enough to raise
+        let mut waits = Vec::new();
+        for _ in 0..4 {
+            // Clean windows at one until the probe raises the limit to two...
+            let mut clean = 0;
+            while route.limit() == 1 {
+                window(&route, w(&route), 0);
+                clean += 1;
+            }
+            waits.push(clean);
+            // ... where a tenth of the attempts collide: back to one.
+            let n = w(&route);
+            window(&route, n, n / 10);
+            assert_eq!(route.limit(), 1);
         }
-        // Between the thresholds: held.
-        window(&route, 16, 5);
-        assert_eq!(route.limit(), 8);
-        // Half of a window collides: down by a quarter.
-        window(&route, 16, 8);
-        assert_eq!(route.limit(), 6);
-        let held = hold(&route, 6);
-        window(&route, 12, 12);
-        assert_eq!(route.limit(), 4);
-        // All six slots were held: two retire as they come back.
-        drop(held);
-        assert_eq!(route.semaphore.available_permits(), 4);
-        window(&route, 8, 8);
-        window(&route, 8, 8);
-        assert_eq!(route.limit(), 2);
-        window(&route, 8, 8);
-        assert_eq!(route.limit(), 1);
-        window(&route, 8, 8);
-        assert_eq!(route.limit(), 1, "never below one");
+        assert_eq!(waits, [1, 2, 4, 8], "probes back off");
         assert_eq!(route.semaphore.available_permits(), 1);
+    }
+
+    #[test]
+    fn a_route_that_does_not_collide_climbs() {
+        let route = limited();
+        route.waiting.fetch_add(1, Ordering::Relaxed);
+        for _ in 0..200 {
+            window(&route, w(&route), 0);
+        }
+        assert!(route.limit() > 100, "{}", route.limit());
+        // A little contention (under 5 %) holds it; more lowers it by a quarter.
+        let before = route.limit();
+        let n = w(&route);
+        window(&route, n, n / 50);
+        assert_eq!(route.limit(), before);
+        let held = hold(&route, before as usize);
+        window(&route, n, n / 5);
+        assert_eq!(route.limit(), before * 3 / 4);
+        drop(held);
+        assert_eq!(
+            route.semaphore.available_permits(),
+            (before * 3 / 4) as usize,
+            "the slots held while it was lowered retire as they come back"
+        );
     }
 
     #[test]
@@ -359,7 +418,7 @@ mod tests {
         }
         assert_eq!(route.limit(), 1);
         route.waiting.fetch_add(1, Ordering::Relaxed);
-        for _ in 0..(MAX_LIMIT as usize + 10) * 2 * MAX_LIMIT as usize {
+        for _ in 0..(MAX_LIMIT as usize + 10) * 4 * MAX_LIMIT as usize {
             route.record(false);
         }
         assert_eq!(route.limit(), MAX_LIMIT);

@@ -227,7 +227,7 @@ impl Held {
 /// A body read whole before the first attempt; every attempt gets the same bytes.
 pub(crate) struct Buffered {
     data: Bytes,
-    trailers: Option<HeaderMap>,
+    trailers: Option<Box<HeaderMap>>,
     _permit: Option<BufferPermit>,
 }
 
@@ -264,7 +264,7 @@ pub(crate) enum Collected<B: Body> {
 pub(crate) struct Collector<B: Body> {
     body: Option<Pin<Box<B>>>,
     held: Held,
-    trailers: Option<HeaderMap>,
+    trailers: Option<Box<HeaderMap>>,
 }
 
 impl<B: Body> Collector<B>
@@ -305,7 +305,7 @@ where
                     if let Ok(trailers) = frame.into_trailers() {
                         match &mut self.trailers {
                             Some(t) => t.extend(trailers),
-                            None => self.trailers = Some(trailers),
+                            None => self.trailers = Some(Box::new(trailers)),
                         }
                     }
                 }
@@ -485,7 +485,7 @@ pin_project! {
         Empty,
         Buffered {
             data: Option<Bytes>,
-            trailers: Option<HeaderMap>,
+            trailers: Option<Box<HeaderMap>>,
         },
         Direct {
             #[pin]
@@ -495,7 +495,7 @@ pin_project! {
             prefix: Option<Bytes>,
             pending: Option<Bytes>,
             error: Option<B::Error>,
-            trailers: Option<HeaderMap>,
+            trailers: Option<Box<HeaderMap>>,
             rest: Option<Pin<Box<B>>>,
         },
         Recording {
@@ -584,7 +584,7 @@ where
                 if let Some(data) = data.take() {
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
-                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t))))
+                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(*t))))
             }
             KindProj::Direct { body } => body.poll_frame(cx).map(|f| f.map(|f| f.map(to_bytes))),
             KindProj::Prefixed {
@@ -606,7 +606,7 @@ where
                         None => *rest = None,
                     }
                 }
-                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(t))))
+                Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(*t))))
             }
             KindProj::Recording {
                 replay,

@@ -67,9 +67,10 @@ pin_project! {
     {
         #[pin]
         state: State<S::Future>,
-        // The deadline, armed the first time a wait is pending.
-        #[pin]
-        timer: Option<Sleep>,
+        // The deadline, armed the first time a wait is pending. Boxed, like the other state
+        // that only retries and waits need, to keep the future small (it is boxed by axum per
+        // request, and a small allocation is a cheap one).
+        timer: Option<Pin<Box<Sleep>>>,
         service: S,
         classifier: C,
         shared: Arc<Shared>,
@@ -102,8 +103,8 @@ pin_project! {
         attempt_wait: Option<Duration>,
         // The last retryable failure, kept until the next attempt starts: the answer if the
         // deadline passes in between.
-        last: Option<Result<S::Response, S::Error>>,
-        reason: Option<Retryable>,
+        last: Option<Box<Result<S::Response, S::Error>>>,
+        reason: Option<Box<Retryable>>,
         route: Route,
         span: Span,
         done: bool,
@@ -130,7 +131,7 @@ pin_project! {
             let end = End {
                 outcome: Outcome::Cancelled,
                 attempts,
-                reason: this.reason.as_ref(),
+                reason: this.reason.as_deref(),
                 backoff: *this.total_delay,
                 passed_through: false,
             };
@@ -327,19 +328,18 @@ fn is_failure<B>(res: &Response<B>) -> bool {
 
 /// Polls the deadline (arming it the first time); true once it has passed.
 fn deadline_passed(
-    mut timer: Pin<&mut Option<Sleep>>,
+    timer: &mut Option<Pin<Box<Sleep>>>,
     deadline: Option<Instant>,
     cx: &mut Context<'_>,
 ) -> bool {
     let Some(deadline) = deadline else {
         return false;
     };
-    if timer.is_none() {
-        timer.set(Some(tokio::time::sleep_until(deadline)));
-    }
     timer
-        .as_pin_mut()
-        .is_some_and(|sleep| sleep.poll(cx).is_ready())
+        .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)))
+        .as_mut()
+        .poll(cx)
+        .is_ready()
 }
 
 /// A `Retry-After` of 1 to 3 seconds, drawn per answer so that a burst of clients turned away
@@ -394,7 +394,7 @@ where
                         this.state.set(State::Queue);
                     }
                     Poll::Pending => {
-                        if deadline_passed(this.timer.as_mut(), *this.deadline, cx) {
+                        if deadline_passed(this.timer, *this.deadline, cx) {
                             this.waited_now();
                             return Poll::Ready(this.at_deadline());
                         }
@@ -409,7 +409,7 @@ where
                         this.state.set(State::Ready);
                     }
                     Poll::Pending => {
-                        if deadline_passed(this.timer.as_mut(), *this.deadline, cx) {
+                        if deadline_passed(this.timer, *this.deadline, cx) {
                             this.waited_now();
                             return Poll::Ready(this.at_deadline());
                         }
@@ -433,7 +433,7 @@ where
                             ));
                         }
                         Poll::Pending => {
-                            if deadline_passed(this.timer.as_mut(), *this.deadline, cx) {
+                            if deadline_passed(this.timer, *this.deadline, cx) {
                                 *this.gate_permit = None;
                                 return Poll::Ready(this.at_deadline());
                             }
@@ -471,8 +471,8 @@ where
                     if let Some(admitted) = this.admitted.as_ref() {
                         admitted.route().record(verdict == Verdict::Retryable);
                     }
-                    if reason.is_some() {
-                        *this.reason = reason;
+                    if let Some(reason) = reason {
+                        *this.reason = Some(Box::new(reason));
                         if this.route_limit.is_none() && !*this.outer_admitted {
                             // The route meets contention: from now on its attempts queue.
                             *this.route_limit = this.shared.admissions.contended(this.route);
@@ -507,7 +507,7 @@ where
                         }
                         Decision::Retry { delay } => {
                             this.replay_event(n, delay);
-                            *this.last = Some(result);
+                            *this.last = Some(Box::new(result));
                             *this.prev_delay = delay;
                             *this.total_delay = this.total_delay.saturating_add(delay);
                             this.state.set(State::Backoff {
@@ -598,7 +598,7 @@ where
             recorder::replay(
                 self.route.path(),
                 &self.route.method,
-                self.reason.as_ref().map_or("", Retryable::name),
+                self.reason.as_deref().map_or("", Retryable::name),
             );
         }
         // The previous failure is no longer the answer: a new attempt starts.
@@ -652,7 +652,7 @@ where
     fn at_deadline(&mut self) -> Result<Response<ResBody>, S::Error> {
         let attempts = *self.attempt;
         self.gave_up_event(Outcome::Deadline, attempts);
-        let result = self.last.take().unwrap_or_else(|| {
+        let result = self.last.take().map(|last| *last).unwrap_or_else(|| {
             let mut res = Response::new(ResBody::default());
             *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
             res.headers_mut().insert(header::RETRY_AFTER, retry_after());
@@ -701,7 +701,7 @@ where
         let end = End {
             outcome,
             attempts,
-            reason: self.reason.as_ref(),
+            reason: self.reason.as_deref(),
             backoff: *self.total_delay,
             passed_through,
         };
@@ -720,7 +720,7 @@ where
     }
 
     fn replay_event(&self, attempt: u32, delay: Duration) {
-        let reason = self.reason.as_ref();
+        let reason = self.reason.as_deref();
         let elapsed_ms = self.start.elapsed().as_millis() as u64;
         let delay_ms = delay.as_secs_f64() * 1000.0;
         macro_rules! replay_event {
@@ -757,7 +757,7 @@ where
     }
 
     fn gave_up_event(&self, outcome: Outcome, attempts: u32) {
-        let reason = self.reason.as_ref();
+        let reason = self.reason.as_deref();
         let not_replayable = self.not_replayable().map(NotReplayable::as_str);
         let elapsed_ms = self.start.elapsed().as_millis() as u64;
         macro_rules! stop_event {

@@ -123,7 +123,7 @@ impl<C> SqliteRetryLayer<C> {
     /// The layer's counters (shared with its clones and services).
     pub fn metrics(&self) -> RetryMetrics {
         RetryMetrics {
-            counters: self.shared.counters.clone(),
+            shared: self.shared.clone(),
         }
     }
 

@@ -82,7 +82,7 @@ impl Counters {
 /// ```
 #[derive(Clone)]
 pub struct RetryMetrics {
-    pub(crate) counters: Arc<Counters>,
+    pub(crate) shared: Arc<crate::layer::Shared>,
 }
 
 impl fmt::Debug for RetryMetrics {
@@ -92,9 +92,21 @@ impl fmt::Debug for RetryMetrics {
 }
 
 impl RetryMetrics {
+    /// The routes writer admission has limited so far, with the attempts in flight each is
+    /// allowed now (as [`SqliteRetryLayer::admission_limits`](crate::SqliteRetryLayer::admission_limits)).
+    ///
+    /// ```
+    /// # use tower_sqlite_retry::{RetryPolicy, SqliteRetryLayer};
+    /// let metrics = SqliteRetryLayer::new(RetryPolicy::default()).metrics();
+    /// assert!(metrics.admission_limits().is_empty());
+    /// ```
+    pub fn admission_limits(&self) -> Vec<(String, u32)> {
+        self.shared.admissions.limits()
+    }
+
     /// The counters' values now (each read atomically; together, approximately).
     pub fn snapshot(&self) -> MetricsSnapshot {
-        let c = &self.counters;
+        let c = &self.shared.counters;
         let outcome = |o: Outcome| c.outcomes[o.index()].load(Relaxed);
         MetricsSnapshot {
             requests: c.requests.load(Relaxed),

@@ -64,15 +64,17 @@ pub enum Jitter {
 /// | `base_delay` | 2 ms | the first backoff, before jitter; it doubles for each later replay |
 /// | `max_delay` | 100 ms | caps each backoff, after jitter |
 /// | `jitter` | [`Jitter::Full`] | each backoff uniform in `[0, d]`, so replays spread out |
-/// | `deadline` | 10 s | total time per request, handler time included; no backoff that would end past it is started |
+/// | `deadline` | 10 s | total time per request once its body is in, handler time included; it bounds every wait (admission, the replay gate, the inner service's readiness), and no backoff that would end past it is started |
 /// | `max_body_bytes` | 1 MiB | the replay buffer of one request; a larger body passes through without retries |
 /// | `max_buffered_bytes` | 16 MiB | the replay buffers of all requests in flight together; a body that would cross it passes through without retries |
 /// | `replay_gate` | 1 | replays (attempt ≥ 2) pass a shared semaphore one at a time: SQLite has one writer |
 /// | `budget` | none | the replay gate already bounds how many replays run at once (see [`RetryPolicy::budget`]) |
+/// | `admission` | [`Admission::Adaptive`] | a route that fails retryably gets a learned limit on its attempts in flight; routes that never do are never queued |
+/// | `replay_event_level` | DEBUG | the per-replay event; giving up is logged at WARN/ERROR whatever this says |
 ///
-/// The contention benchmark chose these values (8 to 128 clients running deferred
-/// read-then-write transactions over real HTTP); the measurements behind each one are in the
-/// repository's `BENCHMARKS.md`.
+/// The contention benchmarks chose these values (8 to 1,024 clients running deferred
+/// read-then-write transactions over real HTTP, against the configurations an expert would use
+/// instead); the measurements behind each one are in the repository's `BENCHMARKS.md`.
 #[derive(Clone)]
 pub struct RetryPolicy {
     pub(crate) max_attempts: u32,

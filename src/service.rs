@@ -50,7 +50,7 @@ impl<S, C> SqliteRetry<S, C> {
     /// The counters of the layer this service came from.
     pub fn metrics(&self) -> RetryMetrics {
         RetryMetrics {
-            counters: self.shared.counters.clone(),
+            shared: self.shared.clone(),
         }
     }
 

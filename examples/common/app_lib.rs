@@ -596,10 +596,12 @@ pub(crate) struct AppMetrics {
 }
 
 /// A total over both layers, taken once.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct AppSnapshot {
     pub(crate) write: MetricsSnapshot,
     pub(crate) read: MetricsSnapshot,
+    /// Writer admission's limits on the write route's layer (`METHOD route`, limit).
+    pub(crate) write_limits: Vec<(String, u32)>,
 }
 
 impl AppMetrics {
@@ -607,6 +609,7 @@ impl AppMetrics {
         AppSnapshot {
             write: self.write.snapshot(),
             read: self.read.snapshot(),
+            write_limits: self.write.admission_limits(),
         }
     }
 }
@@ -616,6 +619,11 @@ impl AppSnapshot {
     /// layer's `RetryOutcome` tells it not to, so nothing is counted twice.)
     pub(crate) fn retries(&self) -> u64 {
         self.write.retries + self.read.retries
+    }
+
+    /// Requests that waited for a writer-admission slot, both layers together.
+    pub(crate) fn queued(&self) -> u64 {
+        self.write.queued + self.read.queued
     }
 
     /// Requests by attempts made (index 0 = one attempt), over the whole service.
@@ -628,11 +636,12 @@ impl AppSnapshot {
         self.read.exhausted + self.read.deadline + self.read.budget_exhausted
     }
 
-    pub(crate) fn to_json(self) -> serde_json::Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "retries": self.retries(),
             "write_layer": snapshot_json(&self.write),
             "router_layer": snapshot_json(&self.read),
+            "admission_limits": self.write_limits,
         })
     }
 }

@@ -151,6 +151,8 @@ pub(crate) struct Latency {
 pub(crate) struct LayerReport {
     /// Replays performed, both layers together.
     pub(crate) retries: u64,
+    /// Requests that waited for a writer-admission slot.
+    pub(crate) queued: u64,
     /// Requests by attempts made: index 0 = one attempt (the last bucket: that many or more).
     pub(crate) attempts_histogram: Vec<u64>,
     /// Requests the layer gave up on (`exhausted`, `deadline`, `budget_exhausted`).
@@ -164,6 +166,7 @@ impl LayerReport {
         let snap = metrics.snapshot();
         Self {
             retries: snap.retries(),
+            queued: snap.queued(),
             attempts_histogram: snap.attempts_histogram(),
             gave_up: snap.gave_up(),
             stats: snap.to_json(),
@@ -185,6 +188,7 @@ impl LayerReport {
         }
         Self {
             retries: parts.iter().map(|p| p.retries).sum(),
+            queued: parts.iter().map(|p| p.queued).sum(),
             attempts_histogram,
             gave_up: parts.iter().map(|p| p.gave_up).sum(),
             stats: if parts.len() == 1 {
