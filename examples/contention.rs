@@ -69,7 +69,7 @@ use std::time::Duration;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 use indicatif::{ProgressBar, ProgressStyle};
-use tower_sqlite_retry::RetryPolicy;
+use tower_sqlite_retry::{Admission, RetryPolicy};
 
 use app_lib::{Backend, RetryPolicies, redact};
 use driver::{BoxError, Report, Scenario, Target};
@@ -107,6 +107,11 @@ struct Args {
     /// RetryPolicy::default()'s with one instance, 16 × N with N instances].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     max_attempts: Option<u32>,
+    /// Writer admission in the run with the layer: adaptive (the default: a learned limit on
+    /// the attempts in flight of each route that meets contention) or off (every attempt at
+    /// once, the first release's behaviour).
+    #[arg(long, value_name = "MODE", default_value = "adaptive", value_parser = ["adaptive", "off"])]
+    admission: String,
     /// Run on this database instead of SQLite files: sqlite:PATH, postgres://... (build with
     /// --features postgres) or mysql://... (--features mysql); tables tsr_demo_without_layer
     /// and tsr_demo_with_layer, dropped and created afresh, dropped at the end.
@@ -270,7 +275,8 @@ async fn run(args: &Args) -> Result<bool, BoxError> {
             with_db.describe()
         );
         println!(
-            "policy with the layer: RetryPolicy::default(), POST /items max_attempts {}{}",
+            "policy with the layer: RetryPolicy::default(), admission {}, POST /items max_attempts {}{}",
+            args.admission,
             args.write_attempts(),
             match (args.max_attempts, args.instances) {
                 (Some(_), _) => " (--max-attempts)".to_string(),
@@ -308,9 +314,18 @@ async fn run(args: &Args) -> Result<bool, BoxError> {
     let with = run_one(
         "with layer",
         with_db,
-        Some(RetryPolicies {
-            write: RetryPolicy::default().max_attempts(args.write_attempts()),
-            read: RetryPolicy::default(),
+        Some({
+            let admission = if args.admission == "off" {
+                Admission::Off
+            } else {
+                Admission::Adaptive
+            };
+            RetryPolicies {
+                write: RetryPolicy::default()
+                    .max_attempts(args.write_attempts())
+                    .admission(admission),
+                read: RetryPolicy::default().admission(admission),
+            }
         }),
     )
     .await?;
