@@ -42,6 +42,65 @@ mod postgres;
 #[cfg(feature = "rusqlite")]
 mod rusqlite;
 mod sqlite;
+/// The sqlx bindings' shared code, expanded in `sqlx.rs` and `sqlx08.rs`, where `sqlx` names
+/// each version's crate: the same logic against sqlx 0.9's and sqlx 0.8's types.
+#[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]
+macro_rules! sqlx_binding {
+    () => {
+        /// Whether a sqlx error is worth a replay (the body of `classify` and
+        /// `classify_sqlx_0_8`).
+        fn classify_error(error: &sqlx::Error) -> Option<Retryable> {
+            match error {
+                sqlx::Error::PoolTimedOut => Some(super::pool_timed_out()),
+                sqlx::Error::Database(db) => coded(db.as_ref()).classify(),
+                _ => None,
+            }
+        }
+
+        /// Which database the error came from, and its code there.
+        fn coded(db: &dyn DatabaseError) -> Coded<'_> {
+            let message = db.message();
+            #[cfg(feature = "postgres")]
+            if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                return Coded {
+                    backend: Backend::Postgres(pg.code()),
+                    message,
+                };
+            }
+            // `code()` is MySQL's SQLSTATE, too coarse (`40001` for a deadlock, `HY000` for a lock
+            // wait timeout); the error number tells them apart.
+            #[cfg(feature = "mysql")]
+            if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                return Coded {
+                    backend: Backend::MySql(my.number()),
+                    message,
+                };
+            }
+            let code = db.code();
+            let backend = match code.as_deref().and_then(sqlx_sqlite_code) {
+                Some(code) => Backend::Sqlite(code),
+                None => Backend::Unknown(code),
+            };
+            Coded { backend, message }
+        }
+
+        /// The code and message of a sqlx database error, for [`DbError`](crate::DbError)'s
+        /// tracing event.
+        pub(super) fn database_detail(
+            error: &(dyn std::error::Error + Send + Sync + 'static),
+        ) -> Option<(String, String)> {
+            match error.downcast_ref::<sqlx::Error>()? {
+                sqlx::Error::Database(db) => {
+                    Some((coded(db.as_ref()).code(), db.message().to_owned()))
+                }
+                _ => None,
+            }
+        }
+    };
+}
+#[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]
+use sqlx_binding;
+
 #[cfg(feature = "sqlx")]
 mod sqlx;
 #[cfg(feature = "sqlx-0_8")]

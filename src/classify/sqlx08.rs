@@ -52,11 +52,7 @@ use super::{Backend, Coded, Retryable};
 /// ```
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx-0_8")))]
 pub fn classify_sqlx_0_8(error: &sqlx::Error) -> Option<Retryable> {
-    match error {
-        sqlx::Error::PoolTimedOut => Some(super::pool_timed_out()),
-        sqlx::Error::Database(db) => coded(db.as_ref()).classify(),
-        _ => None,
-    }
+    classify_error(error)
 }
 
 /// Whether a sqlx 0.8 error is a constraint violation (unique, foreign key, not null, check,
@@ -91,40 +87,4 @@ pub fn is_constraint_violation_sqlx_0_8(error: &sqlx::Error) -> bool {
     ) || coded(db.as_ref()).is_constraint()
 }
 
-/// Which database the error came from, and its code there.
-fn coded(db: &dyn DatabaseError) -> Coded<'_> {
-    let message = db.message();
-    #[cfg(feature = "postgres")]
-    if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
-        return Coded {
-            backend: Backend::Postgres(pg.code()),
-            message,
-        };
-    }
-    // `code()` is MySQL's SQLSTATE, too coarse (`40001` for a deadlock, `HY000` for a lock
-    // wait timeout); the error number tells them apart.
-    #[cfg(feature = "mysql")]
-    if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
-        return Coded {
-            backend: Backend::MySql(my.number()),
-            message,
-        };
-    }
-    let code = db.code();
-    let backend = match code.as_deref().and_then(sqlx_sqlite_code) {
-        Some(code) => Backend::Sqlite(code),
-        None => Backend::Unknown(code),
-    };
-    Coded { backend, message }
-}
-
-/// The code and message of a sqlx 0.8 database error, for [`DbError`](crate::DbError)'s
-/// tracing event.
-pub(super) fn database_detail(
-    error: &(dyn std::error::Error + Send + Sync + 'static),
-) -> Option<(String, String)> {
-    match error.downcast_ref::<sqlx::Error>()? {
-        sqlx::Error::Database(db) => Some((coded(db.as_ref()).code(), db.message().to_owned())),
-        _ => None,
-    }
-}
+super::sqlx_binding!();
