@@ -56,6 +56,13 @@ async fn with_layer() -> TestApp {
     test_app(Some(RetryPolicies::both(RetryPolicy::default()))).await
 }
 
+fn post_items(body: &str) -> Request<Body> {
+    Request::post("/items")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_owned()))
+        .unwrap()
+}
+
 impl TestApp {
     async fn call(&self, req: Request<Body>) -> Response<Body> {
         self.app.clone().oneshot(req).await.unwrap()
@@ -67,13 +74,13 @@ impl TestApp {
     }
 
     async fn post_json(&self, body: &str) -> Response<Body> {
-        self.call(
-            Request::post("/items")
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(Body::from(body.to_owned()))
-                .unwrap(),
-        )
-        .await
+        self.call(post_items(body)).await
+    }
+
+    /// `POST /items` on a task of its own (for a request that waits on a held lock).
+    fn spawn_post_json(&self, body: &str) -> tokio::task::JoinHandle<Response<Body>> {
+        let (app, req) = (self.app.clone(), post_items(body));
+        tokio::spawn(async move { app.oneshot(req).await.unwrap() })
     }
 
     async fn create(&self, name: &str) -> Item {
@@ -260,17 +267,7 @@ async fn busy_write_with_the_layer_is_replayed_until_it_commits() {
     let t = test_app(Some(RetryPolicies::both(policy))).await;
     let mut holder = hold_write_lock(&t.pool).await;
 
-    let app = t.app.clone();
-    let request = tokio::spawn(async move {
-        app.oneshot(
-            Request::post("/items")
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(Body::from(r#"{"name": "x"}"#))
-                .unwrap(),
-        )
-        .await
-        .unwrap()
-    });
+    let request = t.spawn_post_json(r#"{"name": "x"}"#);
     // Release the lock only once the request has failed on it and a replay has started: the
     // layer's own counter says so, whatever the machine's speed.
     tokio::time::timeout(Duration::from_secs(20), async {
@@ -345,17 +342,7 @@ async fn metrics_scrape_shows_the_layers_series() {
     // A write behind a held lock is replayed until the lock is gone: release it once the
     // scrape shows a replay.
     let mut holder = hold_write_lock(&t.pool).await;
-    let app = t.app.clone();
-    let request = tokio::spawn(async move {
-        app.oneshot(
-            Request::post("/items")
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(Body::from(r#"{"name": "x"}"#))
-                .unwrap(),
-        )
-        .await
-        .unwrap()
-    });
+    let request = t.spawn_post_json(r#"{"name": "x"}"#);
     let replays =
         r#"tower_sqlite_retry_replays_total{http_route="/items",http_request_method="POST","#;
     let start = std::time::Instant::now();
