@@ -12,7 +12,9 @@
 //!   then on its attempts wait for a slot, first come first served (tokio's fair semaphore),
 //!   *after* their body is read and *before* the inner service's readiness is taken, for at
 //!   most the policy's deadline. A request keeps its slot through its backoff and replays, so a
-//!   replay never goes to the back of the queue.
+//!   replay never goes to the back of the queue, until it ends or its handler calls
+//!   [`Attempt::fence`](crate::Attempt::fence): once the transaction has committed, the next
+//!   request may start while this handler finishes (its response, a receipt it sends).
 //! - The limit follows AIMD, as TCP's window and Netflix's `concurrency-limits` do, judged
 //!   every window of four times the limit's worth of admitted attempts (sixteen at least):
 //!   when more than 5 % of them collided, the limit goes down by a quarter (at least one, never

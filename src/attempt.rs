@@ -1,12 +1,14 @@
 //! Request and response extensions: `Attempt` on every attempt, `RetryOutcome` on the answer.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 #[cfg(feature = "axum")]
 use axum::extract::FromRequestParts;
+
+use crate::admission::Admitted;
 
 /// The request extension on every attempt: which attempt this is (1-based) and how many are
 /// allowed.
@@ -59,6 +61,9 @@ pub(crate) struct RequestState {
     inner: AtomicU64,
     /// The layer (its shared state's address) whose admission slot this request holds, or 0.
     admitted_by: AtomicUsize,
+    /// The writer-admission slot, while the request holds one: here rather than in the response
+    /// future, so that the fence gives it back the moment the handler has committed.
+    slot: Mutex<Option<Admitted>>,
 }
 
 impl RequestState {
@@ -86,6 +91,18 @@ impl RequestState {
     /// state): a clone of that layer nested inside must not wait for another one.
     pub(crate) fn set_admitted_by(&self, layer: usize) {
         self.admitted_by.store(layer, Ordering::Release);
+    }
+
+    /// Keeps the request's admission slot until the fence or the end of the request.
+    pub(crate) fn hold_slot(&self, slot: Admitted) {
+        *self.slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(slot);
+    }
+
+    /// Gives the admission slot back, if the request still holds it.
+    pub(crate) fn release_slot(&self) {
+        let slot = self.slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+        // Dropped outside the lock: that wakes the next request in the queue.
+        drop(slot);
     }
 
     pub(crate) fn admitted_by(&self) -> usize {
@@ -131,9 +148,14 @@ impl Attempt {
     }
 
     /// Declares that a replay of this request is unsafe from here on. Idempotent.
+    ///
+    /// On a route under writer admission it also gives the request's slot back at once: its
+    /// transaction is over, so the next request in the queue may start while this handler
+    /// finishes its response.
     pub fn fence(&self) {
         if let Some(r) = &self.request {
             r.fenced.store(true, Ordering::Release);
+            r.release_slot();
         }
     }
 

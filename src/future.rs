@@ -89,9 +89,11 @@ pin_project! {
         prev_delay: Duration,
         total_delay: Duration,
         gate_permit: Option<OwnedSemaphorePermit>,
-        // The route's learned limit, once it has one (writer admission), and this request's
-        // slot under it, held until the request ends.
+        // The route's learned limit, once it has one (writer admission); the limit this
+        // request was admitted under, once it was; and its slot, when no request state can
+        // hold it (the request state holds it otherwise, until the fence or the end).
         route_limit: Option<Arc<RouteLimit>>,
+        admitted_under: Option<Arc<RouteLimit>>,
         admitted: Option<Admitted>,
         // An outer clone of this very layer already holds this request's slot.
         outer_admitted: bool,
@@ -136,6 +138,11 @@ pin_project! {
                 passed_through: false,
             };
             record_end(this.span, this.shared, this.route, this.outer.as_deref(), end);
+            // An attempt's `Attempt` may outlive this future (a task the handler spawned): the
+            // slot must not live on with it.
+            if let Some(request) = this.request.as_ref() {
+                request.release_slot();
+            }
             if let Source::Recording(r) = this.body {
                 r.clear();
             }
@@ -290,6 +297,7 @@ where
             total_delay: Duration::ZERO,
             gate_permit: None,
             route_limit,
+            admitted_under: None,
             admitted: None,
             outer_admitted,
             wait_start: None,
@@ -468,8 +476,8 @@ where
                             None => (Verdict::Final { failed: true }, None),
                         },
                     };
-                    if let Some(admitted) = this.admitted.as_ref() {
-                        admitted.route().record(verdict == Verdict::Retryable);
+                    if let Some(limit) = this.admitted_under.as_ref() {
+                        limit.record(verdict == Verdict::Retryable);
                     }
                     if let Some(reason) = reason {
                         *this.reason = Some(Box::new(reason));
@@ -488,9 +496,14 @@ where
                         verdict,
                         not_replayable,
                         fenced: this.request.as_ref().is_some_and(|r| r.is_fenced()),
-                        remaining: this
-                            .deadline
-                            .map(|d| d.saturating_duration_since(Instant::now())),
+                        // Read the clock only when a replay is in question: a final answer
+                        // never looks at it.
+                        remaining: match verdict {
+                            Verdict::Retryable => this
+                                .deadline
+                                .map(|d| d.saturating_duration_since(Instant::now())),
+                            Verdict::Final { .. } => None,
+                        },
                     };
                     let prev = *this.prev_delay;
                     let decision = decide(
@@ -536,7 +549,7 @@ where
     /// The next wait before an attempt: a slot on the route (writer admission, held until the
     /// request ends), then the replay gate (replays only), then the inner service's readiness.
     fn next_wait(&mut self) -> State<S::Future> {
-        if self.admitted.is_none()
+        if self.admitted_under.is_none()
             && !*self.outer_admitted
             && let Some(limit) = self.route_limit.as_ref()
         {
@@ -571,10 +584,14 @@ where
     }
 
     fn admitted_now(&mut self, admitted: Admitted) {
-        if let Some(request) = self.request.as_ref() {
-            request.set_admitted_by(layer_id(self.shared));
+        *self.admitted_under = Some(admitted.route().clone());
+        match self.request.as_ref() {
+            Some(request) => {
+                request.set_admitted_by(layer_id(self.shared));
+                request.hold_slot(admitted);
+            }
+            None => *self.admitted = Some(admitted),
         }
-        *self.admitted = Some(admitted);
     }
 
     /// A wait for a slot or the gate is over: count it.
@@ -691,8 +708,12 @@ where
     }
 
     fn end(&mut self, outcome: Outcome, attempts: u32, passed_through: bool) {
-        // The slot and the gate permit go back as soon as the answer is known.
+        // The slot and the gate permit go back as soon as the answer is known (the slot
+        // earlier if the handler fenced).
         *self.admitted = None;
+        if let Some(request) = self.request.as_ref() {
+            request.release_slot();
+        }
         *self.gate_permit = None;
         if !self.waited.is_zero() {
             self.span

@@ -14,8 +14,8 @@ use axum::routing::{get, post};
 use http::{Request, StatusCode};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_sqlite_retry::{
-    Admission, Jitter, Outcome, ReplayBody, RetryOutcome, RetryPolicy, Retryable, SqliteRetryLayer,
-    SqlxErrors,
+    Admission, Attempt, Jitter, Outcome, ReplayBody, RetryOutcome, RetryPolicy, Retryable,
+    SqliteRetryLayer, SqlxErrors,
 };
 
 fn busy() -> Response {
@@ -239,4 +239,73 @@ async fn a_layer_nested_in_itself_never_waits_for_its_own_slot() {
         assert_eq!(res.unwrap().status(), StatusCode::OK);
     }
     assert_eq!(layer.admission_limits(), [("POST ".to_owned(), 1)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_fence_gives_the_slot_back_before_the_handler_ends() {
+    use tokio::sync::{Notify, oneshot};
+    let layer = SqliteRetryLayer::new(policy());
+    let calls = Arc::new(AtomicU32::new(0));
+    // `/a` fences (its transaction committed), says so, then waits for `finish` to end.
+    let fenced = Arc::new(Notify::new());
+    let (finish_tx, finish_rx) = oneshot::channel::<()>();
+    let finish = Arc::new(Mutex::new(Some(finish_rx)));
+    // `/w` counts how many run at once.
+    let in_flight = Arc::new(AtomicU32::new(0));
+    let max_in_flight = Arc::new(AtomicU32::new(0));
+    let (c, f, rx) = (calls.clone(), fenced.clone(), finish.clone());
+    let (i, m) = (in_flight.clone(), max_in_flight.clone());
+    let svc = ServiceBuilder::new().layer(layer.clone()).service_fn(
+        move |req: Request<ReplayBody<Body>>| {
+            let n = c.fetch_add(1, Ordering::SeqCst);
+            let (f, rx, i, m) = (f.clone(), rx.clone(), i.clone(), m.clone());
+            async move {
+                if n == 0 {
+                    return Ok::<_, Infallible>(busy());
+                }
+                if req.uri().path() == "/a" {
+                    req.extensions().get::<Attempt>().unwrap().fence();
+                    f.notify_one();
+                    let finish = rx.lock().unwrap().take().unwrap();
+                    finish.await.unwrap();
+                }
+                if req.uri().path() == "/w" {
+                    let now = i.fetch_add(1, Ordering::SeqCst) + 1;
+                    m.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    i.fetch_sub(1, Ordering::SeqCst);
+                }
+                Ok(StatusCode::OK.into_response())
+            }
+        },
+    );
+    let post = |path: &str| Request::post(path).body(Body::empty()).unwrap();
+    // The first request meets contention: the route gets one slot.
+    assert_eq!(
+        svc.clone().oneshot(post("/")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(layer.admission_limits(), [("POST ".to_owned(), 1)]);
+
+    // `/a` takes the slot, commits and fences, and goes on (its response, say) for as long as
+    // this test wants.
+    let a = tokio::spawn(svc.clone().oneshot(post("/a")));
+    fenced.notified().await;
+    // `/b` gets the slot at once: were it still held by `/a`, `/b` would wait out its deadline
+    // (the paused clock gets there as soon as nothing else can run) and answer 503.
+    let b = svc.clone().oneshot(post("/b")).await.unwrap();
+    assert_eq!(b.status(), StatusCode::OK);
+    assert!(b.extensions().get::<RetryOutcome>().is_none(), "first try");
+    assert!(!a.is_finished());
+    finish_tx.send(()).unwrap();
+    assert_eq!(a.await.unwrap().unwrap().status(), StatusCode::OK);
+
+    // The slot came back once, not twice: the route still runs one request at a time.
+    let waves: Vec<_> = (0..5)
+        .map(|_| tokio::spawn(svc.clone().oneshot(post("/w"))))
+        .collect();
+    for w in waves {
+        assert_eq!(w.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+    assert_eq!(max_in_flight.load(Ordering::SeqCst), 1);
 }

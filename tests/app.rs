@@ -544,7 +544,12 @@ async fn concurrent_posts(app: &Router, n: usize) -> Vec<StatusCode> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expert_configurations_serialize_writers_without_any_replay() {
-    for config in [Config::OneWriter, Config::TwoPool, Config::LayerQueue] {
+    for config in [
+        Config::OneWriter,
+        Config::TwoPool,
+        Config::LayerQueue,
+        Config::LayerTwoPool,
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let db = config
             .open(&dir.path().join("items.db"), 8, Duration::from_secs(5))
@@ -556,8 +561,8 @@ async fn expert_configurations_serialize_writers_without_any_replay() {
             statuses.iter().all(|s| *s == StatusCode::CREATED),
             "{config:?}: {statuses:?}"
         );
-        // One writer at a time (a single connection, or the limit inside the layer, built
-        // once): no transaction ever met another, so nothing was replayed.
+        // One writer at a time (a single write connection, or the limit inside the layer,
+        // built once): no transaction ever met another, so nothing was replayed.
         assert_eq!(
             metrics.map_or(0, |m| m.snapshot().retries()),
             0,

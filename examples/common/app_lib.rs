@@ -495,17 +495,21 @@ pub(crate) enum Config {
     /// `layer-no-admission`, plus tower's `ConcurrencyLimitLayer::new(1)` inside the retry
     /// layer on the write route (the first release's "queue the writers" recipe).
     LayerQueue,
+    /// `layer` on the expert's pools: --pool-size readers and one writer connection, the
+    /// handler unchanged (deferred `BEGIN`): what the layer costs on top of `two-pool`.
+    LayerTwoPool,
 }
 
 impl Config {
     /// Every configuration, in the order reports list them.
-    pub(crate) const ALL: [Self; 6] = [
+    pub(crate) const ALL: [Self; 7] = [
         Self::Bare,
         Self::OneWriter,
         Self::TwoPool,
         Self::Layer,
         Self::LayerNoAdmission,
         Self::LayerQueue,
+        Self::LayerTwoPool,
     ];
 
     /// The name on the command line (`one-writer`, ...).
@@ -517,6 +521,7 @@ impl Config {
             Self::Layer => "layer",
             Self::LayerNoAdmission => "layer-no-admission",
             Self::LayerQueue => "layer-queue",
+            Self::LayerTwoPool => "layer-two-pool",
         }
     }
 
@@ -538,19 +543,22 @@ impl Config {
                 "admission off + ConcurrencyLimitLayer(1) inside on POST, pool {pool_size}, \
                  deferred BEGIN"
             ),
+            Self::LayerTwoPool => {
+                format!("RetryPolicy::default(), {pool_size} readers + 1 writer, deferred BEGIN")
+            }
         }
     }
 
     /// Whether it needs a SQLite file of its own making (`--db`, not `--database-url`).
     pub(crate) fn needs_sqlite_file(self) -> bool {
-        matches!(self, Self::OneWriter | Self::TwoPool)
+        matches!(self, Self::OneWriter | Self::TwoPool | Self::LayerTwoPool)
     }
 
     /// The retry layers' policies; `None` for the configurations without the layer.
     pub(crate) fn policies(self) -> Option<RetryPolicies> {
         match self {
             Self::Bare | Self::OneWriter | Self::TwoPool => None,
-            Self::Layer => Some(RetryPolicies::both(RetryPolicy::default())),
+            Self::Layer | Self::LayerTwoPool => Some(RetryPolicies::both(RetryPolicy::default())),
             Self::LayerNoAdmission | Self::LayerQueue => Some(RetryPolicies::both(
                 RetryPolicy::default().admission(Admission::Off),
             )),
@@ -572,6 +580,11 @@ impl Config {
                 let readers = open_pool(path, pool_size, busy_timeout).await?;
                 let writer = open_pool(path, 1, busy_timeout).await?;
                 Db::from(readers).with_writer(writer).begin_immediate()
+            }
+            Self::LayerTwoPool => {
+                let readers = open_pool(path, pool_size, busy_timeout).await?;
+                let writer = open_pool(path, 1, busy_timeout).await?;
+                Db::from(readers).with_writer(writer)
             }
             _ => Db::from(open_pool(path, pool_size, busy_timeout).await?),
         })
