@@ -16,8 +16,10 @@
 //! CPU time (user + system) is read from `/proc/<pid>/stat` at the start and the end of the
 //! measured window. The configurations (`--configs`) are the app's `--config` values: `bare`,
 //! `one-writer`, `two-pool`, `layer` (the default policy, writer admission included),
-//! `layer-no-admission` (the first release's default) and `layer-queue` (the first release's
-//! recipe: admission off, `ConcurrencyLimitLayer(1)` inside on the write route).
+//! `layer-no-admission` (the first release's default), `layer-queue` (the first release's
+//! recipe: admission off, `ConcurrencyLimitLayer(1)` inside on the write route) and
+//! `layer-two-pool` (the default policy on the expert's pools: 8 readers, one writer, the
+//! handler's deferred `BEGIN` unchanged).
 //!
 //! **Client.** A closed loop, like `wrk`: `--connections` HTTP/1.1 keep-alive connections
 //! (hyper's client connection, one task each, all connected before the clock starts), each
@@ -1373,6 +1375,7 @@ fn chart(summaries: &[Summary], path: &Path, title: &str) -> Result<(), BoxError
             "layer" => RGBColor(0, 90, 200).stroke_width(3),
             "layer-queue" => RGBColor(0, 160, 120).stroke_width(3),
             "layer-no-admission" => RGBColor(220, 80, 0).stroke_width(3),
+            "layer-two-pool" => RGBColor(140, 60, 180).stroke_width(3),
             "bare" => RGBColor(200, 0, 0).stroke_width(2),
             _ => Palette99::pick(i).stroke_width(2),
         }

@@ -64,6 +64,9 @@ pub(crate) struct RequestState {
     /// The writer-admission slot, while the request holds one: here rather than in the response
     /// future, so that the fence gives it back the moment the handler has committed.
     slot: Mutex<Option<Admitted>>,
+    /// The request state of the outer layer this request was taken over from, if any: the
+    /// fence gives its slot back too.
+    outer: Option<Arc<RequestState>>,
 }
 
 impl RequestState {
@@ -93,9 +96,23 @@ impl RequestState {
         self.admitted_by.store(layer, Ordering::Release);
     }
 
+    /// The state of a request taken over from an outer layer's (`outer`), or of a new one.
+    pub(crate) fn new(outer: Option<Arc<RequestState>>) -> Self {
+        Self {
+            outer,
+            ..Self::default()
+        }
+    }
+
     /// Keeps the request's admission slot until the fence or the end of the request.
     pub(crate) fn hold_slot(&self, slot: Admitted) {
-        *self.slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(slot);
+        let previous = self
+            .slot
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(slot);
+        // A request is admitted once; were it not, the old slot goes back outside the lock.
+        drop(previous);
     }
 
     /// Gives the admission slot back, if the request still holds it.
@@ -149,13 +166,19 @@ impl Attempt {
 
     /// Declares that a replay of this request is unsafe from here on. Idempotent.
     ///
-    /// On a route under writer admission it also gives the request's slot back at once: its
-    /// transaction is over, so the next request in the queue may start while this handler
-    /// finishes its response.
+    /// On a route under writer admission it also gives the request's slot back at once (the
+    /// slots of outer layers that handed the request over included): its transaction is over,
+    /// so the next request in the queue may start while this handler finishes its response. A
+    /// request the layer passes through without retries (one attempt allowed, an upgrade, a
+    /// body over the cap) keeps its slot until it ends.
     pub fn fence(&self) {
         if let Some(r) = &self.request {
             r.fenced.store(true, Ordering::Release);
-            r.release_slot();
+            let mut state = Some(r);
+            while let Some(s) = state {
+                s.release_slot();
+                state = s.outer.as_ref();
+            }
         }
     }
 

@@ -49,6 +49,9 @@ use crate::layer::Shared;
 use crate::recorder;
 use crate::route::Route;
 
+/// The longest backoff of a request that holds a writer-admission slot, in `base_delay`s.
+const ADMITTED_BACKOFF_FACTOR: u32 = 4;
+
 type GateAcquire =
     Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send + 'static>>;
 type AdmitAcquire = Pin<Box<dyn Future<Output = Admitted> + Send + 'static>>;
@@ -252,7 +255,7 @@ where
                 None,
             )
         };
-        let replayable = || Some(Arc::new(RequestState::default()));
+        let replayable = || Some(Arc::new(RequestState::new(outer.clone())));
         let (source, state, request) = if max_attempts <= 1 {
             pass(None, body)
         } else if upgrade {
@@ -392,6 +395,16 @@ where
                     this.state.set(State::Queue);
                 }
                 StateProj::Queue => {
+                    // A task the handler spawned may have fenced during the backoff: then no
+                    // replay (and the slot, given back by the fence, is not taken again).
+                    if *this.attempt > 0
+                        && this.request.as_ref().is_some_and(|r| r.is_fenced())
+                        && let Some(last) = this.last.take()
+                    {
+                        let attempts = *this.attempt;
+                        this.gave_up_event(Outcome::Fenced, attempts);
+                        return Poll::Ready(this.finish(*last, Outcome::Fenced, attempts));
+                    }
                     let next = this.next_wait();
                     this.state.set(next);
                 }
@@ -506,9 +519,18 @@ where
                         },
                     };
                     let prev = *this.prev_delay;
+                    // NOTE: a request holding an admission slot backs off briefly. Every
+                    // request queued behind it waits out its backoff too, and what it collided
+                    // with is a writer outside this queue (another instance, another process):
+                    // growing the delay would let those capture the database (BENCHMARKS.md).
+                    let cap = if this.admitted_under.is_some() || *this.outer_admitted {
+                        policy.base_delay.saturating_mul(ADMITTED_BACKOFF_FACTOR)
+                    } else {
+                        policy.max_delay
+                    };
                     let decision = decide(
                         after,
-                        || policy.delay(n, prev, &mut rand::rng()),
+                        || policy.delay_within(n, prev, cap, &mut rand::rng()),
                         || policy.budget.as_ref().is_none_or(|b| b.withdraw()),
                     );
                     match decision {
@@ -547,7 +569,8 @@ where
     ResBody: Default,
 {
     /// The next wait before an attempt: a slot on the route (writer admission, held until the
-    /// request ends), then the replay gate (replays only), then the inner service's readiness.
+    /// request ends or fences), then the replay gate (replays only), then the inner service's
+    /// readiness.
     fn next_wait(&mut self) -> State<S::Future> {
         if self.admitted_under.is_none()
             && !*self.outer_admitted

@@ -60,9 +60,9 @@ pub enum Jitter {
 ///
 /// | setting | default | behaviour |
 /// |---|---|---|
-/// | `max_attempts` | 20 | up to 19 replays after the first attempt |
+/// | `max_attempts` | 30 | up to 29 replays after the first attempt |
 /// | `base_delay` | 2 ms | the first backoff, before jitter; it doubles for each later replay |
-/// | `max_delay` | 100 ms | caps each backoff, after jitter |
+/// | `max_delay` | 100 ms | caps each backoff, after jitter (a request holding a writer-admission slot backs off at most 4 × `base_delay`: see [`Admission`]) |
 /// | `jitter` | [`Jitter::Full`] | each backoff uniform in `[0, d]`, so replays spread out |
 /// | `deadline` | 10 s | total time per request once its body is in, handler time included; it bounds every wait (admission, the replay gate, the inner service's readiness), and no backoff that would end past it is started |
 /// | `max_body_bytes` | 1 MiB | the replay buffer of one request; a larger body passes through without retries |
@@ -111,7 +111,7 @@ impl fmt::Debug for RetryPolicy {
 impl Default for RetryPolicy {
     fn default() -> Self {
         Self {
-            max_attempts: 20,
+            max_attempts: 30,
             base_delay: Duration::from_millis(2),
             max_delay: Duration::from_millis(100),
             jitter: Jitter::Full,
@@ -141,7 +141,8 @@ impl RetryPolicy {
     }
 
     /// The first backoff delay, before jitter; each later one doubles, up to
-    /// [`max_delay`](Self::max_delay).
+    /// [`max_delay`](Self::max_delay) (up to four times this delay for a request that holds a
+    /// writer-admission slot: see [`Admission::Adaptive`]).
     ///
     /// ```
     /// # use std::time::Duration;
@@ -422,7 +423,18 @@ impl RetryPolicy {
     /// assert_eq!(d, [10, 20, 40, 50].map(Duration::from_millis));
     /// ```
     pub fn delay<R: Rng + ?Sized>(&self, retry: u32, previous: Duration, rng: &mut R) -> Duration {
-        let cap = self.max_delay;
+        self.delay_within(retry, previous, self.max_delay, rng)
+    }
+
+    /// [`delay`](Self::delay), with `cap` in place of `max_delay` when it is lower.
+    pub(crate) fn delay_within<R: Rng + ?Sized>(
+        &self,
+        retry: u32,
+        previous: Duration,
+        cap: Duration,
+        rng: &mut R,
+    ) -> Duration {
+        let cap = cap.min(self.max_delay);
         let base = self.base_delay.min(cap);
         let exp = exponential(base, cap, retry);
         let jittered = match self.jitter {

@@ -309,3 +309,179 @@ async fn the_fence_gives_the_slot_back_before_the_handler_ends() {
     }
     assert_eq!(max_in_flight.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_request_holding_a_slot_backs_off_briefly() {
+    // Fails its first five attempts, then answers: delays without jitter, 2 ms doubling to
+    // 100 ms; a request that holds a slot backs off at most 4 × 2 ms.
+    async fn total_delay(admission: Admission) -> Duration {
+        let calls = Arc::new(AtomicU32::new(0));
+        let c = calls.clone();
+        let policy = RetryPolicy::default()
+            .max_attempts(10)
+            .base_delay(Duration::from_millis(2))
+            .max_delay(Duration::from_millis(100))
+            .jitter(Jitter::None)
+            .admission(admission);
+        let svc = ServiceBuilder::new()
+            .layer(SqliteRetryLayer::new(policy))
+            .service_fn(move |_: Request<ReplayBody<Body>>| {
+                let n = c.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    Ok::<_, Infallible>(if n < 5 {
+                        busy()
+                    } else {
+                        StatusCode::OK.into_response()
+                    })
+                }
+            });
+        let res = svc
+            .oneshot(Request::post("/").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        let o = *res.extensions().get::<RetryOutcome>().unwrap();
+        assert_eq!(o.attempts(), 6);
+        o.total_delay()
+    }
+    let ms = Duration::from_millis;
+    // The first failure limits the route; the request holds a slot from its second attempt.
+    assert_eq!(
+        total_delay(Admission::Adaptive).await,
+        ms(2) + ms(4) + ms(8) + ms(8) + ms(8)
+    );
+    assert_eq!(
+        total_delay(Admission::Off).await,
+        ms(2) + ms(4) + ms(8) + ms(16) + ms(32)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_attempt_kept_by_a_spawned_task_does_not_keep_the_slot() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let svc = ServiceBuilder::new()
+        .layer(SqliteRetryLayer::new(policy()))
+        .service_fn(move |req: Request<ReplayBody<Body>>| {
+            let n = c.fetch_add(1, Ordering::SeqCst);
+            // The handler hands its `Attempt` to a task that outlives the request.
+            let attempt = req.extensions().get::<Attempt>().cloned().unwrap();
+            tokio::spawn(async move {
+                let _kept = attempt;
+                std::future::pending::<()>().await
+            });
+            let hang = req.uri().path() == "/hang";
+            async move {
+                if hang {
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, Infallible>(if n == 0 {
+                    busy()
+                } else {
+                    StatusCode::OK.into_response()
+                })
+            }
+        });
+    // The first request limits the route; each later one takes the slot and ends (or is
+    // dropped, by a timeout outside). Were the slot still held by the tasks' `Attempt`s, the
+    // next request would wait out its deadline.
+    let hung = tokio::time::timeout(
+        Duration::from_secs(1),
+        svc.clone()
+            .oneshot(Request::post("/").body(Body::empty()).unwrap()),
+    );
+    assert_eq!(hung.await.unwrap().unwrap().status(), StatusCode::OK);
+    let hung = tokio::time::timeout(
+        Duration::from_secs(1),
+        svc.clone()
+            .oneshot(Request::post("/hang").body(Body::empty()).unwrap()),
+    );
+    assert!(hung.await.is_err(), "dropped by the timeout");
+    for _ in 0..3 {
+        let res = svc
+            .clone()
+            .oneshot(Request::post("/").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 6);
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_a_layer_nested_in_itself_the_fence_gives_the_outer_slot_back() {
+    use tokio::sync::{Notify, oneshot};
+    let layer = SqliteRetryLayer::new(policy());
+    let calls = Arc::new(AtomicU32::new(0));
+    let fenced = Arc::new(Notify::new());
+    let (finish_tx, finish_rx) = oneshot::channel::<()>();
+    let finish = Arc::new(Mutex::new(Some(finish_rx)));
+    let (c, f, rx) = (calls.clone(), fenced.clone(), finish.clone());
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .layer(layer.clone())
+        .service_fn(move |req: Request<ReplayBody<ReplayBody<Body>>>| {
+            let n = c.fetch_add(1, Ordering::SeqCst);
+            let (f, rx) = (f.clone(), rx.clone());
+            async move {
+                if n == 0 {
+                    return Ok::<_, Infallible>(busy());
+                }
+                if req.uri().path() == "/a" {
+                    req.extensions().get::<Attempt>().unwrap().fence();
+                    f.notify_one();
+                    let finish = rx.lock().unwrap().take().unwrap();
+                    finish.await.unwrap();
+                }
+                Ok(StatusCode::OK.into_response())
+            }
+        });
+    let post = |path: &str| Request::post(path).body(Body::empty()).unwrap();
+    assert_eq!(
+        svc.clone().oneshot(post("/")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(layer.admission_limits(), [("POST ".to_owned(), 1)]);
+    // The outer clone takes `/a`'s slot (the inner one then skips its own); the handler's
+    // fence reaches the inner clone's request state, and through it the outer's slot.
+    let a = tokio::spawn(svc.clone().oneshot(post("/a")));
+    fenced.notified().await;
+    let b = svc.clone().oneshot(post("/b")).await.unwrap();
+    assert_eq!(b.status(), StatusCode::OK, "/b got the slot /a fenced");
+    assert!(!a.is_finished());
+    finish_tx.send(()).unwrap();
+    assert_eq!(a.await.unwrap().unwrap().status(), StatusCode::OK);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fence_during_the_backoff_stops_the_replay() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let policy = policy()
+        .base_delay(Duration::from_millis(100))
+        .max_delay(Duration::from_millis(100));
+    let layer = SqliteRetryLayer::new(policy);
+    let svc = ServiceBuilder::new().layer(layer.clone()).service_fn(
+        move |req: Request<ReplayBody<Body>>| {
+            c.fetch_add(1, Ordering::SeqCst);
+            // The handler's side effect completes in a task of its own, 1 ms after the
+            // handler answered (retryably): inside the 100 ms backoff.
+            let attempt = req.extensions().get::<Attempt>().cloned().unwrap();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                attempt.fence();
+            });
+            async move { Ok::<_, Infallible>(busy()) }
+        },
+    );
+    let res = svc
+        .oneshot(Request::post("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(!res.headers().contains_key(http::header::RETRY_AFTER));
+    let o = *res.extensions().get::<RetryOutcome>().unwrap();
+    assert_eq!((o.outcome(), o.attempts()), (Outcome::Fenced, 1));
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "no replay after the fence");
+    assert_eq!(layer.metrics().snapshot().fenced, 1);
+}
