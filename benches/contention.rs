@@ -52,6 +52,8 @@
 //! and client count) to the output directory. Run by `cargo test --benches` (no `--bench` flag),
 //! it does a tiny smoke run and writes nothing.
 
+#[path = "common/chart.rs"]
+mod chart;
 mod common;
 
 use std::collections::BTreeMap;
@@ -1063,29 +1065,7 @@ fn chart(
     path: &Path,
     title: &str,
 ) -> Result<(), BoxError> {
-    use plotters::prelude::*;
-
-    let clients: Vec<usize> = {
-        let mut v: Vec<usize> = cells.iter().map(|c| c.clients).collect();
-        v.sort_unstable();
-        v.dedup();
-        v
-    };
-    if clients.is_empty() {
-        return Ok(());
-    }
-    let x_min = *clients.first().expect("non-empty") as f64 / 1.3;
-    let x_max = *clients.last().expect("non-empty") as f64 * 1.3;
-    let max_goodput = cells.iter().map(|c| c.goodput_per_s).fold(1.0, f64::max);
-    let p99s = cells.iter().map(|c| c.p99_ms.max(0.1));
-    let p99_min = p99s.clone().fold(f64::INFINITY, f64::min) / 1.5;
-    let p99_max = p99s.fold(1.0, f64::max) * 1.5;
-
-    let root = SVGBackend::new(path, (1500, 620)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let root = root.titled(title, ("sans-serif", 20))?;
-    let (charts, legend) = root.split_horizontally(1220);
-    let (left, right) = charts.split_horizontally(610);
+    use plotters::style::{BLACK, Color, Palette, Palette99, RGBColor, ShapeStyle};
 
     let style = |i: usize, key: &str| -> ShapeStyle {
         if key == "single-writer" {
@@ -1100,84 +1080,31 @@ fn chart(
             Palette99::pick(i).stroke_width(2)
         }
     };
-    let series = |key: &str, f: fn(&Cell) -> f64| -> Vec<(f64, f64)> {
-        let mut v: Vec<(f64, f64)> = cells
+    let points = |key: &str, f: fn(&Cell) -> f64| -> Vec<(f64, f64)> {
+        cells
             .iter()
             .filter(|c| c.strategy == key)
             .map(|c| (c.clients as f64, f(c)))
-            .collect();
-        v.sort_by(|a, b| a.0.total_cmp(&b.0));
-        v
+            .collect()
     };
-    let key_points: Vec<f64> = clients.iter().map(|c| *c as f64).collect();
-
-    {
-        let mut chart = ChartBuilder::on(&left)
-            .caption(
-                "goodput (successful writes/s over the whole batch)",
-                ("sans-serif", 16),
+    let lines: Vec<chart::Line> = strategies
+        .iter()
+        .enumerate()
+        .map(|(i, (key, group))| {
+            chart::Line::new(
+                format!("{key} ({group})"),
+                style(i, key),
+                points(key, |c| c.goodput_per_s),
+                points(key, |c| c.p99_ms),
             )
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(
-                (x_min..x_max)
-                    .log_scale()
-                    .with_key_points(key_points.clone()),
-                0.0..max_goodput * 1.1,
-            )?;
-        chart
-            .configure_mesh()
-            .x_desc("concurrent clients")
-            .y_desc("writes/s")
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .draw()?;
-        for (i, s) in strategies.iter().enumerate() {
-            let pts = series(&s.0, |c| c.goodput_per_s);
-            let st = style(i, &s.0);
-            chart.draw_series(LineSeries::new(pts.clone(), st))?;
-            chart.draw_series(pts.iter().map(|p| Circle::new(*p, 3, st.filled())))?;
-        }
-    }
-    {
-        let mut chart = ChartBuilder::on(&right)
-            .caption(
-                "p99 latency (ms, log scale, all requests)",
-                ("sans-serif", 16),
-            )
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(
-                (x_min..x_max).log_scale().with_key_points(key_points),
-                (p99_min..p99_max).log_scale(),
-            )?;
-        chart
-            .configure_mesh()
-            .x_desc("concurrent clients")
-            .y_desc("ms")
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|y| format!("{y:.0}"))
-            .draw()?;
-        for (i, s) in strategies.iter().enumerate() {
-            let pts = series(&s.0, |c| c.p99_ms.max(0.1));
-            let st = style(i, &s.0);
-            chart.draw_series(LineSeries::new(pts.clone(), st))?;
-            chart.draw_series(pts.iter().map(|p| Circle::new(*p, 3, st.filled())))?;
-        }
-    }
-    for (i, s) in strategies.iter().enumerate() {
-        let y = 70 + 26 * i as i32;
-        let st = style(i, &s.0);
-        legend.draw(&PathElement::new(vec![(10, y), (40, y)], st))?;
-        legend.draw(&Text::new(
-            format!("{} ({})", s.0, s.1),
-            (48, y - 8),
-            ("sans-serif", 14),
-        ))?;
-    }
-    root.present()?;
-    Ok(())
+        })
+        .collect();
+    let labels = chart::Labels {
+        title,
+        clients: "concurrent clients",
+        goodput_caption: "goodput (successful writes/s over the whole batch)",
+    };
+    chart::goodput_and_p99(path, &labels, &lines)
 }
 
 // ---------------------------------------------------------------------------------------------

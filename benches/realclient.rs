@@ -72,6 +72,8 @@
 #[allow(dead_code)]
 #[path = "../examples/common/app_lib.rs"]
 mod app_lib;
+#[path = "common/chart.rs"]
+mod chart;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
@@ -1334,40 +1336,18 @@ fn integrity_cell(s: &Summary) -> String {
 
 /// Goodput and p99 of the `writes` load against connections, one line per configuration.
 fn chart(summaries: &[Summary], path: &Path, title: &str) -> Result<(), BoxError> {
-    use plotters::prelude::*;
+    use plotters::style::{BLACK, Color, Palette, Palette99, RGBColor, ShapeStyle};
 
     let rows: Vec<&Summary> = summaries
         .iter()
         .filter(|s| s.load == Load::Writes)
         .collect();
-    let mut conns: Vec<usize> = rows.iter().map(|s| s.connections).collect();
-    conns.sort_unstable();
-    conns.dedup();
-    if conns.is_empty() {
-        return Ok(());
-    }
-    let mut configs: Vec<String> = Vec::new();
+    let mut configs: Vec<&str> = Vec::new();
     for s in &rows {
-        if !configs.contains(&s.config) {
-            configs.push(s.config.clone());
+        if !configs.contains(&s.config.as_str()) {
+            configs.push(&s.config);
         }
     }
-    let (x_min, x_max) = (conns[0] as f64 / 1.4, conns[conns.len() - 1] as f64 * 1.4);
-    let med = |s: Option<Spread>| s.map_or(0.0, |s| s.median);
-    let max_goodput = rows
-        .iter()
-        .map(|s| med(s.goodput_per_s))
-        .fold(1.0, f64::max);
-    let p99s = rows.iter().map(|s| med(s.p99_ms).max(0.1));
-    let p99_min = p99s.clone().fold(f64::INFINITY, f64::min) / 1.5;
-    let p99_max = p99s.fold(1.0, f64::max) * 1.5;
-    let key_points: Vec<f64> = conns.iter().map(|c| *c as f64).collect();
-
-    let root = SVGBackend::new(path, (1400, 600)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let root = root.titled(title, ("sans-serif", 20))?;
-    let (charts, legend) = root.split_horizontally(1160);
-    let (left, right) = charts.split_horizontally(580);
     let style = |i: usize, key: &str| -> ShapeStyle {
         match key {
             "one-writer" => BLACK.stroke_width(3),
@@ -1380,78 +1360,31 @@ fn chart(summaries: &[Summary], path: &Path, title: &str) -> Result<(), BoxError
             _ => Palette99::pick(i).stroke_width(2),
         }
     };
-    let series = |key: &str, f: &dyn Fn(&Summary) -> f64| -> Vec<(f64, f64)> {
-        let mut v: Vec<(f64, f64)> = rows
-            .iter()
+    let med = |s: Option<Spread>| s.map_or(0.0, |s| s.median);
+    let points = |key: &str, f: &dyn Fn(&Summary) -> f64| -> Vec<(f64, f64)> {
+        rows.iter()
             .filter(|s| s.config == key)
             .map(|s| (s.connections as f64, f(s)))
-            .collect();
-        v.sort_by(|a, b| a.0.total_cmp(&b.0));
-        v
+            .collect()
     };
-    {
-        let mut chart = ChartBuilder::on(&left)
-            .caption(
-                "goodput (201 answers/s, median of rounds)",
-                ("sans-serif", 16),
+    let lines: Vec<chart::Line> = configs
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            chart::Line::new(
+                c.to_string(),
+                style(i, c),
+                points(c, &|s| med(s.goodput_per_s)),
+                points(c, &|s| med(s.p99_ms)),
             )
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(
-                (x_min..x_max)
-                    .log_scale()
-                    .with_key_points(key_points.clone()),
-                0.0..max_goodput * 1.1,
-            )?;
-        chart
-            .configure_mesh()
-            .x_desc("connections")
-            .y_desc("writes/s")
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .draw()?;
-        for (i, c) in configs.iter().enumerate() {
-            let pts = series(c, &|s| med(s.goodput_per_s));
-            let st = style(i, c);
-            chart.draw_series(LineSeries::new(pts.clone(), st))?;
-            chart.draw_series(pts.iter().map(|p| Circle::new(*p, 3, st.filled())))?;
-        }
-    }
-    {
-        let mut chart = ChartBuilder::on(&right)
-            .caption(
-                "p99 latency (ms, log scale, all requests)",
-                ("sans-serif", 16),
-            )
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(
-                (x_min..x_max).log_scale().with_key_points(key_points),
-                (p99_min..p99_max).log_scale(),
-            )?;
-        chart
-            .configure_mesh()
-            .x_desc("connections")
-            .y_desc("ms")
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|y| format!("{y:.0}"))
-            .draw()?;
-        for (i, c) in configs.iter().enumerate() {
-            let pts = series(c, &|s| med(s.p99_ms).max(0.1));
-            let st = style(i, c);
-            chart.draw_series(LineSeries::new(pts.clone(), st))?;
-            chart.draw_series(pts.iter().map(|p| Circle::new(*p, 3, st.filled())))?;
-        }
-    }
-    for (i, c) in configs.iter().enumerate() {
-        let y = 70 + 26 * i as i32;
-        let st = style(i, c);
-        legend.draw(&PathElement::new(vec![(10, y), (40, y)], st))?;
-        legend.draw(&Text::new(c.clone(), (48, y - 8), ("sans-serif", 14)))?;
-    }
-    root.present()?;
-    Ok(())
+        })
+        .collect();
+    let labels = chart::Labels {
+        title,
+        clients: "connections",
+        goodput_caption: "goodput (201 answers/s, median of rounds)",
+    };
+    chart::goodput_and_p99(path, &labels, &lines)
 }
 
 fn chart_title(meta: &serde_json::Value) -> String {
