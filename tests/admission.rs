@@ -241,73 +241,114 @@ async fn a_layer_nested_in_itself_never_waits_for_its_own_slot() {
     assert_eq!(layer.admission_limits(), [("POST ".to_owned(), 1)]);
 }
 
+/// The handler of the fence tests. Its first call fails retryably (the route gets one slot).
+/// `/a` fences (its transaction committed), says so, then runs on (its response, say) until
+/// the test sends `finish`. `/w` counts how many run at once.
+#[derive(Clone)]
+struct Fencing {
+    calls: Arc<AtomicU32>,
+    fenced: Arc<tokio::sync::Notify>,
+    finish: Arc<Mutex<Option<tokio::sync::oneshot::Receiver<()>>>>,
+    in_flight: Arc<AtomicU32>,
+    max_in_flight: Arc<AtomicU32>,
+}
+
+impl Fencing {
+    fn new() -> (Self, tokio::sync::oneshot::Sender<()>) {
+        let (finish_tx, finish_rx) = tokio::sync::oneshot::channel();
+        let fencing = Self {
+            calls: Arc::default(),
+            fenced: Arc::default(),
+            finish: Arc::new(Mutex::new(Some(finish_rx))),
+            in_flight: Arc::default(),
+            max_in_flight: Arc::default(),
+        };
+        (fencing, finish_tx)
+    }
+
+    /// Answers one attempt (the request's path and its `Attempt`).
+    async fn handle(self, path: String, attempt: Attempt) -> Result<Response, Infallible> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+            return Ok(busy());
+        }
+        if path == "/a" {
+            attempt.fence();
+            self.fenced.notify_one();
+            let finish = self.finish.lock().unwrap().take().unwrap();
+            finish.await.unwrap();
+        }
+        if path == "/w" {
+            let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+        Ok(StatusCode::OK.into_response())
+    }
+
+    /// Limits the route, then has `/a` fence and hold on while `/b` comes: `/b` must get the
+    /// slot at once. Were it still held by `/a`, `/b` would wait out its deadline (the paused
+    /// clock gets there as soon as nothing else can run) and answer 503.
+    async fn fence_lets_the_next_one_in<S>(
+        &self,
+        svc: &S,
+        layer: &SqliteRetryLayer,
+        finish: tokio::sync::oneshot::Sender<()>,
+    ) where
+        S: tower::Service<Request<Body>, Response = Response, Error = Infallible>
+            + Clone
+            + Send
+            + 'static,
+        S::Future: Send,
+    {
+        let post = |path: &str| Request::post(path).body(Body::empty()).unwrap();
+        assert_eq!(
+            svc.clone().oneshot(post("/")).await.unwrap().status(),
+            StatusCode::OK
+        );
+        assert_eq!(layer.admission_limits(), [("POST ".to_owned(), 1)]);
+        let a = tokio::spawn(svc.clone().oneshot(post("/a")));
+        self.fenced.notified().await;
+        let b = svc.clone().oneshot(post("/b")).await.unwrap();
+        assert_eq!(b.status(), StatusCode::OK, "/b got the slot /a fenced");
+        assert!(b.extensions().get::<RetryOutcome>().is_none(), "first try");
+        assert!(!a.is_finished());
+        finish.send(()).unwrap();
+        assert_eq!(a.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+}
+
+fn path_and_attempt<B>(req: &Request<B>) -> (String, Attempt) {
+    let attempt = req.extensions().get::<Attempt>().cloned().unwrap();
+    (req.uri().path().to_owned(), attempt)
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_fence_gives_the_slot_back_before_the_handler_ends() {
-    use tokio::sync::{Notify, oneshot};
     let layer = SqliteRetryLayer::new(policy());
-    let calls = Arc::new(AtomicU32::new(0));
-    // `/a` fences (its transaction committed), says so, then waits for `finish` to end.
-    let fenced = Arc::new(Notify::new());
-    let (finish_tx, finish_rx) = oneshot::channel::<()>();
-    let finish = Arc::new(Mutex::new(Some(finish_rx)));
-    // `/w` counts how many run at once.
-    let in_flight = Arc::new(AtomicU32::new(0));
-    let max_in_flight = Arc::new(AtomicU32::new(0));
-    let (c, f, rx) = (calls.clone(), fenced.clone(), finish.clone());
-    let (i, m) = (in_flight.clone(), max_in_flight.clone());
+    let (fencing, finish) = Fencing::new();
+    let f = fencing.clone();
     let svc = ServiceBuilder::new().layer(layer.clone()).service_fn(
         move |req: Request<ReplayBody<Body>>| {
-            let n = c.fetch_add(1, Ordering::SeqCst);
-            let (f, rx, i, m) = (f.clone(), rx.clone(), i.clone(), m.clone());
-            async move {
-                if n == 0 {
-                    return Ok::<_, Infallible>(busy());
-                }
-                if req.uri().path() == "/a" {
-                    req.extensions().get::<Attempt>().unwrap().fence();
-                    f.notify_one();
-                    let finish = rx.lock().unwrap().take().unwrap();
-                    finish.await.unwrap();
-                }
-                if req.uri().path() == "/w" {
-                    let now = i.fetch_add(1, Ordering::SeqCst) + 1;
-                    m.fetch_max(now, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    i.fetch_sub(1, Ordering::SeqCst);
-                }
-                Ok(StatusCode::OK.into_response())
-            }
+            let (path, attempt) = path_and_attempt(&req);
+            f.clone().handle(path, attempt)
         },
     );
-    let post = |path: &str| Request::post(path).body(Body::empty()).unwrap();
-    // The first request meets contention: the route gets one slot.
-    assert_eq!(
-        svc.clone().oneshot(post("/")).await.unwrap().status(),
-        StatusCode::OK
-    );
-    assert_eq!(layer.admission_limits(), [("POST ".to_owned(), 1)]);
-
-    // `/a` takes the slot, commits and fences, and goes on (its response, say) for as long as
-    // this test wants.
-    let a = tokio::spawn(svc.clone().oneshot(post("/a")));
-    fenced.notified().await;
-    // `/b` gets the slot at once: were it still held by `/a`, `/b` would wait out its deadline
-    // (the paused clock gets there as soon as nothing else can run) and answer 503.
-    let b = svc.clone().oneshot(post("/b")).await.unwrap();
-    assert_eq!(b.status(), StatusCode::OK);
-    assert!(b.extensions().get::<RetryOutcome>().is_none(), "first try");
-    assert!(!a.is_finished());
-    finish_tx.send(()).unwrap();
-    assert_eq!(a.await.unwrap().unwrap().status(), StatusCode::OK);
+    fencing
+        .fence_lets_the_next_one_in(&svc, &layer, finish)
+        .await;
 
     // The slot came back once, not twice: the route still runs one request at a time.
     let waves: Vec<_> = (0..5)
-        .map(|_| tokio::spawn(svc.clone().oneshot(post("/w"))))
+        .map(|_| {
+            let req = Request::post("/w").body(Body::empty()).unwrap();
+            tokio::spawn(svc.clone().oneshot(req))
+        })
         .collect();
     for w in waves {
         assert_eq!(w.await.unwrap().unwrap().status(), StatusCode::OK);
     }
-    assert_eq!(max_in_flight.load(Ordering::SeqCst), 1);
+    assert_eq!(fencing.max_in_flight.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -410,47 +451,21 @@ async fn an_attempt_kept_by_a_spawned_task_does_not_keep_the_slot() {
 
 #[tokio::test(start_paused = true)]
 async fn in_a_layer_nested_in_itself_the_fence_gives_the_outer_slot_back() {
-    use tokio::sync::{Notify, oneshot};
+    // The outer clone takes `/a`'s slot (the inner one then skips its own); the handler's
+    // fence reaches the inner clone's request state, and through it the outer's slot.
     let layer = SqliteRetryLayer::new(policy());
-    let calls = Arc::new(AtomicU32::new(0));
-    let fenced = Arc::new(Notify::new());
-    let (finish_tx, finish_rx) = oneshot::channel::<()>();
-    let finish = Arc::new(Mutex::new(Some(finish_rx)));
-    let (c, f, rx) = (calls.clone(), fenced.clone(), finish.clone());
+    let (fencing, finish) = Fencing::new();
+    let f = fencing.clone();
     let svc = ServiceBuilder::new()
         .layer(layer.clone())
         .layer(layer.clone())
         .service_fn(move |req: Request<ReplayBody<ReplayBody<Body>>>| {
-            let n = c.fetch_add(1, Ordering::SeqCst);
-            let (f, rx) = (f.clone(), rx.clone());
-            async move {
-                if n == 0 {
-                    return Ok::<_, Infallible>(busy());
-                }
-                if req.uri().path() == "/a" {
-                    req.extensions().get::<Attempt>().unwrap().fence();
-                    f.notify_one();
-                    let finish = rx.lock().unwrap().take().unwrap();
-                    finish.await.unwrap();
-                }
-                Ok(StatusCode::OK.into_response())
-            }
+            let (path, attempt) = path_and_attempt(&req);
+            f.clone().handle(path, attempt)
         });
-    let post = |path: &str| Request::post(path).body(Body::empty()).unwrap();
-    assert_eq!(
-        svc.clone().oneshot(post("/")).await.unwrap().status(),
-        StatusCode::OK
-    );
-    assert_eq!(layer.admission_limits(), [("POST ".to_owned(), 1)]);
-    // The outer clone takes `/a`'s slot (the inner one then skips its own); the handler's
-    // fence reaches the inner clone's request state, and through it the outer's slot.
-    let a = tokio::spawn(svc.clone().oneshot(post("/a")));
-    fenced.notified().await;
-    let b = svc.clone().oneshot(post("/b")).await.unwrap();
-    assert_eq!(b.status(), StatusCode::OK, "/b got the slot /a fenced");
-    assert!(!a.is_finished());
-    finish_tx.send(()).unwrap();
-    assert_eq!(a.await.unwrap().unwrap().status(), StatusCode::OK);
+    fencing
+        .fence_lets_the_next_one_in(&svc, &layer, finish)
+        .await;
 }
 
 #[tokio::test(start_paused = true)]
