@@ -312,12 +312,6 @@ pub(crate) struct Admitted {
     route: Arc<RouteLimit>,
 }
 
-impl Admitted {
-    pub(crate) fn route(&self) -> &Arc<RouteLimit> {
-        &self.route
-    }
-}
-
 impl Drop for Admitted {
     fn drop(&mut self) {
         let Some(permit) = self.permit.take() else {

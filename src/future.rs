@@ -92,11 +92,11 @@ pin_project! {
         prev_delay: Duration,
         total_delay: Duration,
         gate_permit: Option<OwnedSemaphorePermit>,
-        // The route's learned limit, once it has one (writer admission); the limit this
-        // request was admitted under, once it was; and its slot, when no request state can
-        // hold it (the request state holds it otherwise, until the fence or the end).
+        // The route's learned limit, once it has one (writer admission); whether this request
+        // was admitted under it; and its slot, when no request state can hold it (the request
+        // state holds it otherwise, until the fence or the end).
         route_limit: Option<Arc<RouteLimit>>,
-        admitted_under: Option<Arc<RouteLimit>>,
+        was_admitted: bool,
         admitted: Option<Admitted>,
         // An outer clone of this very layer already holds this request's slot.
         outer_admitted: bool,
@@ -300,7 +300,7 @@ where
             total_delay: Duration::ZERO,
             gate_permit: None,
             route_limit,
-            admitted_under: None,
+            was_admitted: false,
             admitted: None,
             outer_admitted,
             wait_start: None,
@@ -489,7 +489,9 @@ where
                             None => (Verdict::Final { failed: true }, None),
                         },
                     };
-                    if let Some(limit) = this.admitted_under.as_ref() {
+                    if *this.was_admitted
+                        && let Some(limit) = this.route_limit.as_ref()
+                    {
                         limit.record(verdict == Verdict::Retryable);
                     }
                     if let Some(reason) = reason {
@@ -523,7 +525,7 @@ where
                     // request queued behind it waits out its backoff too, and what it collided
                     // with is a writer outside this queue (another instance, another process):
                     // growing the delay would let those capture the database (BENCHMARKS.md).
-                    let cap = if this.admitted_under.is_some() || *this.outer_admitted {
+                    let cap = if *this.was_admitted || *this.outer_admitted {
                         policy.base_delay.saturating_mul(ADMITTED_BACKOFF_FACTOR)
                     } else {
                         policy.max_delay
@@ -572,7 +574,7 @@ where
     /// request ends or fences), then the replay gate (replays only), then the inner service's
     /// readiness.
     fn next_wait(&mut self) -> State<S::Future> {
-        if self.admitted_under.is_none()
+        if !*self.was_admitted
             && !*self.outer_admitted
             && let Some(limit) = self.route_limit.as_ref()
         {
@@ -607,7 +609,7 @@ where
     }
 
     fn admitted_now(&mut self, admitted: Admitted) {
-        *self.admitted_under = Some(admitted.route().clone());
+        *self.was_admitted = true;
         match self.request.as_ref() {
             Some(request) => {
                 request.set_admitted_by(layer_id(self.shared));
