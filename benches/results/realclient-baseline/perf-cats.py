@@ -1,19 +1,7 @@
 import sys, re, collections
-inner_pat = re.compile(r'axum::routing::route::RouteFuture|axum::handler|Handler<|sqlx|hyper::|Oneshot<.*Route|MapIntoResponse|BoxCloneSyncService|axum::routing::path_router|AppState')
-def samples(f):
-    frames=[]; head=None
-    for line in f:
-        if not line.strip():
-            if head is not None: yield head, frames
-            head=None; frames=[]; continue
-        if not line.startswith((' ','\t')):
-            head=line; frames=[]; continue
-        parts=line.strip().split(' ',1)
-        if len(parts)<2: continue
-        sym=parts[1].rsplit(' (',1)[0]
-        sym=re.sub(r'\+0x[0-9a-f]+$','',sym)
-        frames.append(sym)
-    if head is not None: yield head, frames
+from perf_stacks import INNER, samples
+
+inner_pat = re.compile(INNER + r'|AppState')
 c=collections.Counter(); tot=0
 for head, fr in samples(sys.stdin):
     tot+=1

@@ -1,20 +1,7 @@
 import sys, re, collections
-# perf script output: a header line per sample, then frames (leaf first), blank line between.
-inner_pat = re.compile(r'axum::routing::route::RouteFuture|axum::handler|Handler<|sqlx|hyper::|Oneshot<.*Route|MapIntoResponse|BoxCloneSyncService|axum::routing::path_router')
-def samples(f):
-    frames=[]; head=None
-    for line in f:
-        if not line.strip():
-            if head is not None: yield head, frames
-            head=None; frames=[]; continue
-        if not line.startswith((' ','\t')):
-            head=line; frames=[]; continue
-        parts=line.strip().split(' ',1)
-        if len(parts)<2: continue
-        sym=parts[1].rsplit(' (',1)[0]
-        sym=re.sub(r'\+0x[0-9a-f]+$','',sym)
-        frames.append(sym)
-    if head is not None: yield head, frames
+from perf_stacks import INNER, samples
+
+inner_pat = re.compile(INNER)
 tot=0; tsr=0; own=0
 own_leaf=collections.Counter(); own_tsr=collections.Counter(); own_cat=collections.Counter()
 for head, frames in samples(sys.stdin):
