@@ -11,7 +11,6 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 
@@ -82,28 +81,9 @@ pub fn app(routes: Router, attempts: Attempts, release: Release) -> Router {
         .layer(SqliteRetryLayer::new(RetryPolicy::default()))
 }
 
-/// Serves `app` on a fresh loopback port until the value drops.
-pub struct Server {
-    pub addr: SocketAddr,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-pub async fn serve(app: Router) -> Server {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app).await.expect("serve");
-    });
-    Server { addr, task }
-}
+#[path = "../common/server.rs"]
+mod server;
+pub use server::{Server, serve};
 
 /// Posts `body` to `path` over a real HTTP/1 connection; the status and the body as text.
 pub async fn post(server: &Server, path: &str, body: &'static str) -> (StatusCode, String) {
