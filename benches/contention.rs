@@ -184,8 +184,8 @@ fn describe_policy(p: &RetryPolicy) -> String {
             })
             .unwrap_or_default()
     };
-    let attempts = match p.get_max_attempts() {
-        u32::MAX => "no attempt cap".to_string(),
+    let attempts = match field("max_attempts") {
+        n if n == u32::MAX.to_string() => "no attempt cap".to_string(),
         n => format!("{n} attempts"),
     };
     format!(
@@ -193,22 +193,22 @@ fn describe_policy(p: &RetryPolicy) -> String {
         field("base_delay"),
         field("max_delay"),
         field("jitter"),
-        humantime(p.get_deadline()),
+        field("deadline"),
         field("replay_gate"),
     )
 }
 
-fn humantime(d: Duration) -> String {
-    if d >= Duration::from_secs(1) {
-        format!("{}s", d.as_secs())
-    } else {
-        format!("{}ms", d.as_millis())
+/// The policy with this replay gate (`None`: no gate).
+fn with_gate(p: RetryPolicy, gate: Option<usize>) -> RetryPolicy {
+    match gate {
+        Some(n) => p.replay_gate(n),
+        None => p.no_replay_gate(),
     }
 }
 
 /// Our layer with the crate's default numbers, the given jitter and gate.
 fn ours(jitter: Jitter, gate: Option<usize>) -> Kind {
-    Kind::Ours(RetryPolicy::default().jitter(jitter).replay_gate(gate))
+    Kind::Ours(with_gate(RetryPolicy::default().jitter(jitter), gate))
 }
 
 /// A candidate policy: base, cap, jitter, attempts, deadline, gate.
@@ -220,15 +220,15 @@ fn candidate(
     deadline_s: u64,
     gate: Option<usize>,
 ) -> Kind {
-    Kind::Ours(
+    Kind::Ours(with_gate(
         RetryPolicy::default()
             .base_delay(Duration::from_millis(base_ms))
             .max_delay(Duration::from_millis(cap_ms))
             .jitter(jitter)
             .max_attempts(attempts)
-            .deadline(Duration::from_secs(deadline_s))
-            .replay_gate(gate),
-    )
+            .deadline(Duration::from_secs(deadline_s)),
+        gate,
+    ))
 }
 
 fn strategies() -> Vec<Strategy> {
@@ -258,7 +258,7 @@ fn strategies() -> Vec<Strategy> {
                     .jitter(Jitter::None)
                     .max_attempts(u32::MAX)
                     .deadline(Duration::from_secs(3600))
-                    .replay_gate(None),
+                    .no_replay_gate(),
             ),
         )
         .once(),
@@ -353,11 +353,11 @@ fn parse_candidate(spec: &str) -> Result<Strategy, String> {
             }
             "deadline_s" => p = p.deadline(Duration::from_secs(num()?)),
             "gate" => {
-                p = p.replay_gate(if v == "none" {
-                    None
+                p = if v == "none" {
+                    p.no_replay_gate()
                 } else {
-                    Some(num()? as usize)
-                })
+                    p.replay_gate(num()? as usize)
+                }
             }
             other => return Err(format!("--candidate: unknown field {other:?}")),
         }

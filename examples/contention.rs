@@ -150,7 +150,7 @@ impl Args {
     /// replay through).
     fn write_attempts(&self) -> u32 {
         self.max_attempts.unwrap_or(if self.instances == 1 {
-            RetryPolicy::default().get_max_attempts()
+            default_max_attempts()
         } else {
             16 * u32::try_from(self.instances).unwrap_or(u32::MAX / 16)
         })
@@ -377,6 +377,18 @@ fn progress_bar(args: &Args, label: &str) -> ProgressBar {
     let bar = ProgressBar::new(args.requests as u64).with_style(style);
     bar.set_message(label.to_string());
     bar
+}
+
+/// `RetryPolicy::default()`'s `max_attempts`, read from its `Debug` output (the policy has
+/// setters only; `Debug` shows every setting), so that this tool follows the crate's default.
+fn default_max_attempts() -> u32 {
+    let debug = format!("{:?}", RetryPolicy::default());
+    debug
+        .split("max_attempts: ")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .expect("RetryPolicy's Debug output shows max_attempts")
 }
 
 /// `dir/items.db` -> `dir/items.<tag>.db`.

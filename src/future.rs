@@ -34,7 +34,6 @@ use http::request::Parts;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body::Body;
 use pin_project_lite::pin_project;
-use rand::RngExt;
 use tokio::sync::{AcquireError, OwnedSemaphorePermit};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
@@ -356,7 +355,7 @@ fn deadline_passed(
 /// A `Retry-After` of 1 to 3 seconds, drawn per answer so that a burst of clients turned away
 /// together does not come back together.
 fn retry_after() -> HeaderValue {
-    HeaderValue::from(rand::rng().random_range(1u32..=3))
+    HeaderValue::from(crate::policy::random_secs(1, 3))
 }
 
 impl<S, C, B, ResBody> Future for ResponseFuture<S, C, B>
@@ -532,7 +531,7 @@ where
                     };
                     let decision = decide(
                         after,
-                        || policy.delay_within(n, prev, cap, &mut rand::rng()),
+                        || policy.random_delay(n, prev, cap),
                         || policy.budget.as_ref().is_none_or(|b| b.withdraw()),
                     );
                     match decision {

@@ -34,10 +34,10 @@ pub(crate) struct Shared {
 /// let app: Router = Router::new()
 ///     // a larger cap on the write route...
 ///     .route("/orders", post(create)
-///         .layer(SqliteRetryLayer::new(RetryPolicy::default().max_attempts(12))))
-///     // ...than on the reads
+///         .layer(SqliteRetryLayer::new(RetryPolicy::default().max_attempts(40))))
+///     // ...than on the reads (`default()` is `new(RetryPolicy::default())`)
 ///     .route("/orders/list", get(list))
-///     .layer(SqliteRetryLayer::new(RetryPolicy::default().max_attempts(4)));
+///     .layer(SqliteRetryLayer::default());
 /// ```
 ///
 /// Nested layers never multiply attempts: the innermost one retries. It claims the request on
@@ -146,6 +146,13 @@ impl<C> SqliteRetryLayer<C> {
     }
 }
 
+impl Default for SqliteRetryLayer {
+    /// A layer with [`RetryPolicy::default()`].
+    fn default() -> Self {
+        Self::new(RetryPolicy::default())
+    }
+}
+
 impl<C: Clone> Clone for SqliteRetryLayer<C> {
     fn clone(&self) -> Self {
         Self {
@@ -167,6 +174,6 @@ impl<S, C: Clone> Layer<S> for SqliteRetryLayer<C> {
     type Service = SqliteRetry<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        SqliteRetry::new(inner, self.shared.clone(), self.classifier.clone())
+        SqliteRetry::from_shared(inner, self.shared.clone(), self.classifier.clone())
     }
 }

@@ -4,7 +4,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::{Rng, RngExt};
 use tower::retry::budget::{Budget, TpsBudget};
 
 use crate::admission::Admission;
@@ -22,7 +21,10 @@ use crate::admission::Admission;
 /// | `Full` | uniform in `[0, d]` |
 /// | `Equal` | `d/2` + uniform in `[0, d/2]` |
 /// | `Decorrelated` | `min(cap, uniform in [base, 3 · previous])` (AWS "decorrelated jitter") |
+///
+/// New kinds may be added in a minor release: a `match` on it needs a wildcard arm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Jitter {
     /// No randomness: every client waits the same time (and collides again in lock step).
     None,
@@ -40,7 +42,9 @@ pub enum Jitter {
 /// replay.
 ///
 /// Build it from [`RetryPolicy::default()`] with setters that take and return `self`; the layer
-/// validates it ([`RetryPolicy::validate`]) when it is built.
+/// validates it ([`RetryPolicy::validate`]) when it is built. Like tower-http's layers, it has
+/// setters only: its `Debug` output shows every setting, and
+/// [`SqliteRetryLayer::policy`](crate::SqliteRetryLayer::policy) gives a layer's policy back.
 ///
 /// ```
 /// use std::time::Duration;
@@ -53,7 +57,6 @@ pub enum Jitter {
 ///     .jitter(Jitter::Full)
 ///     .deadline(Duration::from_secs(5));
 /// assert!(policy.validate().is_ok());
-/// assert_eq!(policy.get_max_attempts(), 8);
 /// ```
 ///
 /// # Defaults
@@ -67,7 +70,7 @@ pub enum Jitter {
 /// | `deadline` | 10 s | total time per request once its body is in, handler time included; it bounds every wait (admission, the replay gate, the inner service's readiness), and no backoff that would end past it is started |
 /// | `max_body_bytes` | 1 MiB | the replay buffer of one request; a larger body passes through without retries |
 /// | `max_buffered_bytes` | 16 MiB | the replay buffers of all requests in flight together; a body that would cross it passes through without retries |
-/// | `replay_gate` | 1 | replays (attempt ≥ 2) pass a shared semaphore one at a time: SQLite has one writer |
+/// | `replay_gate` | 1 | replays (attempt ≥ 2) pass a shared semaphore one at a time: SQLite has one writer ([`no_replay_gate`](RetryPolicy::no_replay_gate) lifts it) |
 /// | `budget` | none | the replay gate already bounds how many replays run at once (see [`RetryPolicy::budget`]) |
 /// | `admission` | [`Admission::Adaptive`] | a route that fails retryably gets a learned limit on its attempts in flight; routes that never do are never queued |
 /// | `replay_event_level` | DEBUG | the per-replay event; giving up is logged at WARN/ERROR whatever this says |
@@ -133,7 +136,7 @@ impl RetryPolicy {
     /// ```
     /// # use tower_sqlite_retry::RetryPolicy;
     /// let policy = RetryPolicy::default().max_attempts(4); // 1 try + up to 3 replays
-    /// assert_eq!(policy.get_max_attempts(), 4);
+    /// assert!(policy.validate().is_ok());
     /// ```
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts;
@@ -230,17 +233,32 @@ impl RetryPolicy {
     }
 
     /// The replay gate: replays (attempt 2 and later) of all requests through one layer pass a
-    /// shared semaphore with this many permits, held for the attempt. SQLite has one writer;
-    /// replays released together only collide again, so the gate turns a storm into a queue.
-    /// `None` lets replays run freely. First attempts never wait on the gate.
+    /// shared semaphore with this many permits (1 by default), held for the attempt. SQLite
+    /// has one writer; replays released together only collide again, so the gate turns a
+    /// storm into a queue. First attempts never wait on the gate. `0` is refused
+    /// ([`validate`](Self::validate)): no replay could ever pass.
     ///
     /// ```
     /// # use tower_sqlite_retry::RetryPolicy;
-    /// let policy = RetryPolicy::default().replay_gate(None);
+    /// // two replays at a time, for example against a server database
+    /// let policy = RetryPolicy::default().replay_gate(2);
+    /// assert!(policy.validate().is_ok());
+    /// assert!(RetryPolicy::default().replay_gate(0).validate().is_err());
+    /// ```
+    pub fn replay_gate(mut self, permits: usize) -> Self {
+        self.replay_gate = Some(permits);
+        self
+    }
+
+    /// No replay gate: replays run as freely as first attempts.
+    ///
+    /// ```
+    /// # use tower_sqlite_retry::RetryPolicy;
+    /// let policy = RetryPolicy::default().no_replay_gate();
     /// assert!(policy.validate().is_ok());
     /// ```
-    pub fn replay_gate(mut self, permits: Option<usize>) -> Self {
-        self.replay_gate = permits;
+    pub fn no_replay_gate(mut self) -> Self {
+        self.replay_gate = None;
         self
     }
 
@@ -316,7 +334,7 @@ impl RetryPolicy {
     /// ```
     /// # use tower_sqlite_retry::RetryPolicy;
     /// let policy = RetryPolicy::default().replay_event_level(tracing::Level::INFO);
-    /// assert_eq!(policy.get_replay_event_level(), tracing::Level::INFO);
+    /// # let _ = policy;
     /// ```
     pub fn replay_event_level(mut self, level: tracing::Level) -> Self {
         self.replay_event_level = level;
@@ -336,36 +354,11 @@ impl RetryPolicy {
     /// ```
     /// # use tower_sqlite_retry::{Admission, RetryPolicy};
     /// let policy = RetryPolicy::default().admission(Admission::Off);
-    /// assert_eq!(policy.get_admission(), Admission::Off);
+    /// assert!(policy.validate().is_ok());
     /// ```
     pub fn admission(mut self, admission: Admission) -> Self {
         self.admission = admission;
         self
-    }
-
-    /// The writer admission mode.
-    pub fn get_admission(&self) -> Admission {
-        self.admission
-    }
-
-    /// The level of the per-replay event.
-    pub fn get_replay_event_level(&self) -> tracing::Level {
-        self.replay_event_level
-    }
-
-    /// Total attempts allowed, the first included.
-    pub fn get_max_attempts(&self) -> u32 {
-        self.max_attempts
-    }
-
-    /// The total deadline.
-    pub fn get_deadline(&self) -> Duration {
-        self.deadline
-    }
-
-    /// The cap on a single backoff delay.
-    pub fn get_max_delay(&self) -> Duration {
-        self.max_delay
     }
 
     /// Checks the policy, saying what is wrong with it.
@@ -400,39 +393,29 @@ impl RetryPolicy {
                 self.max_body_bytes, self.max_buffered_bytes
             )
         } else if self.replay_gate == Some(0) {
-            "replay_gate is Some(0): no replay could ever pass; use None for no gate".to_string()
+            "replay_gate is 0: no replay could ever pass; use no_replay_gate() for no gate"
+                .to_string()
         } else {
             return Ok(());
         };
         Err(InvalidPolicy { why })
     }
 
-    /// The delay before retry number `retry` (1 for the first replay), given the previous
-    /// delay (used by [`Jitter::Decorrelated`]) and a random source. Never above
-    /// [`max_delay`](Self::max_delay), never panics, whatever the inputs.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # use tower_sqlite_retry::{Jitter, RetryPolicy};
-    /// let policy = RetryPolicy::default()
-    ///     .base_delay(Duration::from_millis(10))
-    ///     .max_delay(Duration::from_millis(50))
-    ///     .jitter(Jitter::None);
-    /// let mut rng = rand::rng();
-    /// let d: Vec<_> = (1..=4).map(|n| policy.delay(n, Duration::ZERO, &mut rng)).collect();
-    /// assert_eq!(d, [10, 20, 40, 50].map(Duration::from_millis));
-    /// ```
-    pub fn delay<R: Rng + ?Sized>(&self, retry: u32, previous: Duration, rng: &mut R) -> Duration {
-        self.delay_within(retry, previous, self.max_delay, rng)
+    /// A random delay before retry number `retry` (1 for the first replay), given the previous
+    /// delay (used by [`Jitter::Decorrelated`]): never above `cap` nor
+    /// [`max_delay`](Self::max_delay), never panics, whatever the inputs. Drawn from a
+    /// thread-local generator.
+    pub(crate) fn random_delay(&self, retry: u32, previous: Duration, cap: Duration) -> Duration {
+        self.delay_with(retry, previous, cap, &mut fastrand::Rng::new())
     }
 
-    /// [`delay`](Self::delay), with `cap` in place of `max_delay` when it is lower.
-    pub(crate) fn delay_within<R: Rng + ?Sized>(
+    /// [`random_delay`](Self::random_delay) with a given generator (seeded in tests).
+    fn delay_with(
         &self,
         retry: u32,
         previous: Duration,
         cap: Duration,
-        rng: &mut R,
+        rng: &mut fastrand::Rng,
     ) -> Duration {
         let cap = cap.min(self.max_delay);
         let base = self.base_delay.min(cap);
@@ -454,6 +437,12 @@ impl RetryPolicy {
     }
 }
 
+/// A random whole number of seconds in `lo..=hi`, from a thread-local generator (the
+/// `Retry-After` spread, so that refused clients do not all come back at once).
+pub(crate) fn random_secs(lo: u32, hi: u32) -> u32 {
+    fastrand::u32(lo..=hi.max(lo))
+}
+
 /// `min(cap, base · 2^(retry-1))` without overflow.
 fn exponential(base: Duration, cap: Duration, retry: u32) -> Duration {
     let shift = retry.saturating_sub(1);
@@ -466,7 +455,7 @@ fn exponential(base: Duration, cap: Duration, retry: u32) -> Duration {
 }
 
 /// A uniformly drawn duration in `[lo, hi]` (nanosecond resolution, saturating at `u64`).
-fn uniform<R: Rng + ?Sized>(rng: &mut R, lo: Duration, hi: Duration) -> Duration {
+fn uniform(rng: &mut fastrand::Rng, lo: Duration, hi: Duration) -> Duration {
     if hi <= lo {
         return lo;
     }
@@ -475,7 +464,7 @@ fn uniform<R: Rng + ?Sized>(rng: &mut R, lo: Duration, hi: Duration) -> Duration
     if hi_ns <= lo_ns {
         return lo;
     }
-    Duration::from_nanos(rng.random_range(lo_ns..=hi_ns))
+    Duration::from_nanos(rng.u64(lo_ns..=hi_ns))
 }
 
 /// A [`RetryPolicy`] that cannot work, and why.
@@ -502,8 +491,20 @@ impl std::error::Error for InvalidPolicy {}
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use rand::SeedableRng;
-    use rand::rngs::StdRng;
+
+    fn rng(seed: u64) -> fastrand::Rng {
+        fastrand::Rng::with_seed(seed)
+    }
+
+    /// The delay before retry `retry` under the policy's own cap.
+    fn delay(
+        policy: &RetryPolicy,
+        retry: u32,
+        prev: Duration,
+        rng: &mut fastrand::Rng,
+    ) -> Duration {
+        policy.delay_with(retry, prev, policy.max_delay, rng)
+    }
 
     fn jitter_strategy() -> impl Strategy<Value = Jitter> {
         prop_oneof![
@@ -534,8 +535,8 @@ mod tests {
             seed in any::<u64>(),
         ) {
             let policy = RetryPolicy::default().base_delay(base).max_delay(cap).jitter(jitter);
-            let mut rng = StdRng::seed_from_u64(seed);
-            let d = policy.delay(retry, prev, &mut rng);
+            let mut rng = rng(seed);
+            let d = delay(&policy, retry, prev, &mut rng);
             prop_assert!(d <= cap, "{d:?} > {cap:?}");
         }
 
@@ -550,14 +551,37 @@ mod tests {
                 .base_delay(Duration::from_millis(base_ms))
                 .max_delay(Duration::from_millis(cap_ms))
                 .jitter(jitter);
-            let mut rng = StdRng::seed_from_u64(seed);
+            let mut rng = rng(seed);
             let mut prev = Duration::ZERO;
             for retry in 1..100 {
-                let d = policy.delay(retry, prev, &mut rng);
+                let d = delay(&policy, retry, prev, &mut rng);
                 prop_assert!(d <= Duration::from_millis(cap_ms));
                 prev = d;
             }
         }
+    }
+
+    #[test]
+    fn without_jitter_delays_double_up_to_the_cap() {
+        let policy = RetryPolicy::default()
+            .base_delay(Duration::from_millis(10))
+            .max_delay(Duration::from_millis(50))
+            .jitter(Jitter::None);
+        let d: Vec<_> = (1..=4)
+            .map(|n| policy.random_delay(n, Duration::ZERO, Duration::MAX))
+            .collect();
+        assert_eq!(d, [10, 20, 40, 50].map(Duration::from_millis));
+        // a lower cap (a request holding an admission slot) wins over max_delay
+        let capped = policy.random_delay(4, Duration::ZERO, Duration::from_millis(15));
+        assert_eq!(capped, Duration::from_millis(15));
+    }
+
+    #[test]
+    fn retry_after_seconds_stay_in_range() {
+        for _ in 0..1000 {
+            assert!((1..=3).contains(&random_secs(1, 3)));
+        }
+        assert_eq!(random_secs(5, 2), 5);
     }
 
     #[test]
@@ -575,9 +599,9 @@ mod tests {
             .base_delay(Duration::from_millis(100))
             .max_delay(Duration::from_millis(100))
             .jitter(Jitter::Equal);
-        let mut rng = StdRng::seed_from_u64(7);
+        let mut rng = rng(7);
         for _ in 0..1000 {
-            let d = policy.delay(1, Duration::ZERO, &mut rng);
+            let d = delay(&policy, 1, Duration::ZERO, &mut rng);
             assert!(d >= Duration::from_millis(50) && d <= Duration::from_millis(100));
         }
     }
@@ -587,9 +611,9 @@ mod tests {
         let policy = RetryPolicy::default()
             .base_delay(Duration::from_millis(100))
             .max_delay(Duration::from_millis(100));
-        let mut rng = StdRng::seed_from_u64(7);
+        let mut rng = rng(7);
         let draws: Vec<_> = (0..200)
-            .map(|_| policy.delay(1, Duration::ZERO, &mut rng))
+            .map(|_| delay(&policy, 1, Duration::ZERO, &mut rng))
             .collect();
         assert!(draws.iter().any(|d| *d < Duration::from_millis(20)));
         assert!(draws.iter().any(|d| *d > Duration::from_millis(80)));
@@ -612,7 +636,7 @@ mod tests {
                     .max_buffered_bytes(1),
                 "max_buffered_bytes",
             ),
-            (RetryPolicy::default().replay_gate(Some(0)), "replay_gate"),
+            (RetryPolicy::default().replay_gate(0), "replay_gate"),
         ];
         for (policy, word) in cases {
             let err = policy.validate().unwrap_err().to_string();

@@ -7,14 +7,16 @@ use std::task::{Context, Poll};
 use bytes::Buf;
 use http::{Request, Response};
 use http_body::Body;
+use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::body::ReplayBody;
 
 use crate::classify::{ClassifyError, NeverRetryErrors};
 use crate::future::ResponseFuture;
-use crate::layer::Shared;
+use crate::layer::{Shared, SqliteRetryLayer};
 use crate::metrics::RetryMetrics;
+use crate::policy::RetryPolicy;
 
 /// The service built by [`SqliteRetryLayer`](crate::SqliteRetryLayer).
 ///
@@ -38,8 +40,43 @@ pub struct SqliteRetry<S, C = NeverRetryErrors> {
     classifier: C,
 }
 
+impl<S> SqliteRetry<S> {
+    /// Wraps `inner` with this policy: the same as
+    /// `SqliteRetryLayer::new(policy).layer(inner)`, with a layer of its own (its own counters,
+    /// replay gate, buffer cap and admission limits).
+    ///
+    /// # Panics
+    ///
+    /// If the policy is invalid, with the reason ([`RetryPolicy::validate`]); build the layer
+    /// with [`SqliteRetryLayer::try_new`] to handle that as an error.
+    ///
+    /// ```
+    /// use tower::service_fn;
+    /// use tower_sqlite_retry::{RetryPolicy, SqliteRetry};
+    ///
+    /// let inner = service_fn(|_req: http::Request<tower_sqlite_retry::ReplayBody<String>>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    /// });
+    /// let mut service = SqliteRetry::new(inner, RetryPolicy::default());
+    /// let _inner = service.get_mut();
+    /// ```
+    pub fn new(inner: S, policy: RetryPolicy) -> Self {
+        SqliteRetryLayer::new(policy).layer(inner)
+    }
+
+    /// A layer that wraps services in `SqliteRetry` with this policy:
+    /// [`SqliteRetryLayer::new`].
+    ///
+    /// # Panics
+    ///
+    /// If the policy is invalid, as [`SqliteRetryLayer::new`].
+    pub fn layer(policy: RetryPolicy) -> SqliteRetryLayer {
+        SqliteRetryLayer::new(policy)
+    }
+}
+
 impl<S, C> SqliteRetry<S, C> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared>, classifier: C) -> Self {
+    pub(crate) fn from_shared(inner: S, shared: Arc<Shared>, classifier: C) -> Self {
         Self {
             inner,
             shared,
@@ -57,6 +94,16 @@ impl<S, C> SqliteRetry<S, C> {
     /// The wrapped service.
     pub fn get_ref(&self) -> &S {
         &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The wrapped service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
     }
 }
 

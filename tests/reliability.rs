@@ -281,7 +281,7 @@ async fn two_hundred_concurrent_uploads_stay_under_the_in_flight_cap() {
 async fn a_panicking_handler_leaves_the_accounting_intact() {
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
-    let policy = quick(3).replay_gate(Some(1));
+    let policy = quick(3).replay_gate(1);
     let layer = SqliteRetryLayer::new(policy);
     let metrics = layer.metrics();
     let app = Router::new()
@@ -439,7 +439,7 @@ fn invalid_policies_are_refused_with_reasons() {
             RetryPolicy::default().max_buffered_bytes(10),
             "max_body_bytes",
         ),
-        (RetryPolicy::default().replay_gate(Some(0)), "replay_gate"),
+        (RetryPolicy::default().replay_gate(0), "replay_gate"),
     ];
     for (policy, why) in cases {
         let err = SqliteRetryLayer::try_new(policy).unwrap_err().to_string();

@@ -181,7 +181,7 @@ async fn backoff_doubles_to_the_cap_and_stops_at_the_deadline() {
         .max_delay(ms(400))
         .jitter(Jitter::None)
         .deadline(ms(1000))
-        .replay_gate(None);
+        .no_replay_gate();
     let calls = Arc::new(AtomicU32::new(0));
     let svc = ServiceBuilder::new()
         .layer(SqliteRetryLayer::new(policy))
