@@ -49,13 +49,16 @@
 //!   | `layer` | `RetryPolicy::default()` (writer admission included) on the write route and router-wide | `--pool-size` | `BEGIN` |
 //!   | `layer-no-admission` | `layer` with `Admission::Off` (the first release's default) | `--pool-size` | `BEGIN` |
 //!   | `layer-queue` | `layer-no-admission`, plus `ConcurrencyLimitLayer::new(1)` inside it on the write route | `--pool-size` | `BEGIN` |
+//!   | `layer-two-pool` | `layer` | `--pool-size` readers + 1 writer | `BEGIN` |
 //!
-//!   `one-writer` and `two-pool` need a SQLite file (`--db`);
+//!   `one-writer`, `two-pool` and `layer-two-pool` need a SQLite file (`--db`);
 //! - `--pool-size N` (default 8);
 //! - `--busy-timeout-ms N` (default 5000, sqlx's default; SQLite only).
 //!
-//! `RUST_LOG` sets the log filter (default `info,tower_sqlite_retry=warn`: one WARN line per
-//! replay). Ctrl-C stops it gracefully.
+//! `RUST_LOG` sets the log filter (default `info,tower_sqlite_retry=warn`: a line when the
+//! layer gives up on a request; replays are logged at DEBUG, so
+//! `RUST_LOG=info,tower_sqlite_retry=debug` shows one line per replay). Any other path answers
+//! `404` with a short text body. Ctrl-C stops it gracefully.
 //!
 //! To see replays, put it under load: `cargo run --release --example contention` runs this
 //! same app against 64 concurrent clients, with and without the layer;

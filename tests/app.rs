@@ -140,6 +140,18 @@ async fn get_by_id_finds_the_item_or_404() {
 }
 
 #[tokio::test]
+async fn an_unknown_route_answers_404_with_a_body_that_says_so() {
+    for t in [with_layer().await, test_app(None).await] {
+        let res = t.get("/no/such/route").await;
+        assert_eq!(res.status(), StatusCode::NOT_FOUND);
+        let body = axum::body::to_bytes(res.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        assert_eq!(&body[..], b"no such route\n");
+    }
+}
+
+#[tokio::test]
 async fn list_pages_through_every_item_in_order() {
     let t = with_layer().await;
     let mut created = Vec::new();

@@ -687,9 +687,11 @@ struct AppState {
     metrics: Option<AppMetrics>,
 }
 
-/// The service. With `retry`, `POST /items` gets its own layer (a larger cap, written on the
-/// route) and a router-wide layer covers the reads; without, the same routes run bare, for
-/// comparison. Returns the layers' counters alongside.
+/// The service. With `retry`, `POST /items` gets its own layer (its own policy, `write`, on
+/// the route: its own counters and admission; the demonstration raises its `max_attempts`
+/// with several instances) and a router-wide layer covers the reads (`read`); without, the
+/// same routes run bare, for comparison. An unknown path answers `404` with a short text
+/// body. Returns the layers' counters alongside.
 pub(crate) fn router(
     db: impl Into<Db>,
     retry: Option<RetryPolicies>,
@@ -710,6 +712,7 @@ pub(crate) fn router_with(
             .route("/items", post(create_item).get(list_items))
             .route("/items/{id}", get(get_item))
             .route("/stats", get(stats))
+            .fallback(not_found)
             .with_state(AppState { db, metrics: None });
         return (app, None);
     };
@@ -738,11 +741,18 @@ pub(crate) fn router_with(
         .route("/stats", get(stats))
         // Everything else (and, passing through, the write route too).
         .layer(read_layer)
+        // Unknown paths: outside the layers (nothing to replay, nothing to count).
+        .fallback(not_found)
         .with_state(AppState {
             db,
             metrics: Some(metrics.clone()),
         });
     (app, Some(metrics))
+}
+
+/// Any path the app does not serve: `404` with a body that says so.
+async fn not_found() -> (StatusCode, &'static str) {
+    (StatusCode::NOT_FOUND, "no such route\n")
 }
 
 /// An item, as stored and as answered.
