@@ -31,7 +31,11 @@
 //!
 //! This crate never depends on a SQLite driver for sqlx (that would put a `libsqlite3-sys`,
 //! and with it a second SQLite, into the application's graph), so it cannot downcast a sqlx
-//! error to `SqliteError`. It recognises one by its code instead ([`sqlx_sqlite_code`]):
+//! error to `SqliteError`. It recognises one by two things instead: the type's name, which its
+//! derived `Debug` prints first (`SqliteError { code: 5, ... }`, in sqlx 0.8 and 0.9: pinned by
+//! the tests on real errors), so that a third-party or custom `DatabaseError` with numeric
+//! codes is never read as SQLite's (its `1285` is not `SQLITE_BUSY`, nor a code whose low byte
+//! is 19 a constraint); and its code ([`sqlx_sqlite_code`]):
 //!
 //! - sqlx's SQLite driver (0.8 and 0.9) gives the extended result code in decimal;
 //! - every SQLite result code is below 10,000, so it has one to four digits: the largest,
