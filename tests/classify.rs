@@ -184,3 +184,68 @@ async fn db_error_responses_carry_no_database_detail() {
     assert_no_db_detail(&text);
     assert!(!text.contains("secret") && !text.contains("no_such_table"));
 }
+
+/// A `DatabaseError` of a driver that is not SQLite's (a third-party or custom one) with
+/// numeric codes.
+#[derive(Debug)]
+struct OtherDriverError {
+    code: &'static str,
+}
+
+impl std::fmt::Display for OtherDriverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "other driver error {}", self.code)
+    }
+}
+
+impl std::error::Error for OtherDriverError {}
+
+impl sqlx::error::DatabaseError for OtherDriverError {
+    fn message(&self) -> &str {
+        "other driver error"
+    }
+    fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+        Some(self.code.into())
+    }
+    fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+    fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+        self
+    }
+    fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+        self
+    }
+    fn kind(&self) -> sqlx::error::ErrorKind {
+        sqlx::error::ErrorKind::Other
+    }
+}
+
+/// SQLite's table is for SQLite's errors only: another driver's `1285` (low byte 5, read as
+/// `SQLITE_BUSY` by a rule on digits alone) is not retryable, and its `4371` (low byte 19, as
+/// a `SQLITE_CONSTRAINT_*`) is no constraint violation.
+#[test]
+fn numeric_codes_of_other_drivers_are_not_sqlite_codes() {
+    for (code, low_byte) in [("1285", 5), ("4371", 19), ("5", 5), ("2067", 19)] {
+        assert_eq!(code.parse::<i32>().unwrap() & 0xff, low_byte);
+        let err = sqlx::Error::Database(Box::new(OtherDriverError { code }));
+        assert_eq!(classify(&err), None, "{code}");
+        assert!(!is_constraint_violation(&err), "{code}");
+        assert_eq!(
+            DbError::from(err).status(),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "{code}"
+        );
+    }
+}
+
+/// How sqlx's SQLite errors are recognised without naming their type (see the `sqlite`
+/// table's documentation): their derived `Debug` begins with the type's name. Pinned here on a
+/// real error, so that a sqlx release that changes it fails this test rather than the tables.
+#[tokio::test]
+async fn sqlx_sqlite_errors_debug_as_sqlite_error() {
+    let db = TestDb::new();
+    let err = real_busy(&db).await;
+    let debug = format!("{:?}", err.as_database_error().unwrap());
+    assert!(debug.starts_with("SqliteError { "), "{debug}");
+}

@@ -326,6 +326,167 @@ async fn lock_wait_timeout_is_replayed_and_succeeds() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// 1020: MariaDB's snapshot isolation (`innodb_snapshot_isolation`, on by default from 11.6.2).
+
+/// Turns MariaDB's snapshot isolation on for this session; `false` (the caller skips, after
+/// saying so) when the server has no such variable (MySQL, MariaDB before it existed).
+async fn snapshot_isolation_on(conn: &mut MySqlConnection, test: &str) -> bool {
+    match sqlx::raw_sql("SET SESSION innodb_snapshot_isolation = ON")
+        .execute(conn)
+        .await
+    {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("{test}: skipped: the server has no innodb_snapshot_isolation ({e})");
+            false
+        }
+    }
+}
+
+/// A read-modify-write increment of row 1 in one `REPEATABLE READ` transaction, with
+/// `innodb_snapshot_isolation` on: reads `v` (the read view), writes `v + 1`. With `pause`,
+/// attempt 1 waits between the read and the write, for the test to commit a change of the row.
+async fn increment(
+    pool: &MySqlPool,
+    table: &str,
+    pause: Option<&common::Pause>,
+) -> Result<(), sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    sqlx::raw_sql("SET SESSION innodb_snapshot_isolation = ON")
+        .execute(&mut *conn)
+        .await?;
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    let v: i64 = sqlx::query_scalar(sql(format!("SELECT v FROM {table} WHERE id = 1")))
+        .fetch_one(&mut *tx)
+        .await?;
+    if let Some(pause) = pause {
+        pause.here().await;
+    }
+    sqlx::query(sql(format!("UPDATE {table} SET v = ? WHERE id = 1")))
+        .bind(v + 1)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
+
+async fn counter(
+    State(s): State<PausedState<MySqlPool>>,
+    attempt: Attempt,
+) -> Result<StatusCode, DbError> {
+    let pause = (attempt.number() == 1).then_some(&s.pause);
+    let result = increment(&s.pool, &s.table, pause).await;
+    record(&s.calls, &attempt, &result);
+    result?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The row changes between attempt 1's read and its write (another client commits `+10`):
+/// MariaDB answers `1020` and rolls the transaction back; the layer replays it on a fresh
+/// snapshot, which reads 10 and writes 11. Before `1020` was retryable this answered `500` and
+/// the increment was lost.
+#[tokio::test]
+async fn snapshot_isolation_conflict_is_replayed_and_succeeds() {
+    const TEST: &str = "snapshot_isolation_conflict_is_replayed_and_succeeds";
+    let Some(fx) = fixture(TEST, "tsr_my_snapshot", 1).await else {
+        return;
+    };
+    let mut other = fx.connection().await;
+    if !snapshot_isolation_on(&mut other, TEST).await {
+        fx.drop_table().await;
+        return;
+    }
+    let (state, mut ready, go) = fx.paused_state();
+    let app = Router::new()
+        .route("/count", post(counter))
+        .layer(SqliteRetryLayer::new(fast_policy(5)))
+        .with_state(state.clone());
+    let (_server, request) = post_in_background(app, "/count").await;
+
+    ready.recv().await.unwrap();
+    exec(
+        &mut other,
+        format!("UPDATE {} SET v = v + 10 WHERE id = 1", fx.table),
+    )
+    .await;
+    go.send(()).unwrap();
+
+    let reply = request.await.unwrap();
+    assert_eq!(reply.status, StatusCode::NO_CONTENT, "{}", reply.text());
+    assert_eq!(
+        state.calls.lock().unwrap().clone(),
+        vec![(1, Some("1020".to_string())), (2, None)]
+    );
+    assert_eq!(fx.values().await, vec![(1, 11)]);
+    fx.drop_table().await;
+}
+
+/// The reproduction: many concurrent read-modify-write increments of one counter, with
+/// snapshot isolation on. Every conflict is a `1020`; with the layer each is replayed, so every
+/// request succeeds and the counter counts every one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn snapshot_isolation_counter_loses_nothing_under_concurrency() {
+    const TEST: &str = "snapshot_isolation_counter_loses_nothing_under_concurrency";
+    const REQUESTS: usize = 64;
+    let Some(fx) = fixture(TEST, "tsr_my_counter", 1).await else {
+        return;
+    };
+    if !snapshot_isolation_on(&mut fx.connection().await, TEST).await {
+        fx.drop_table().await;
+        return;
+    }
+    let state = fx.state();
+    async fn count(
+        State(s): State<TableState<MySqlPool>>,
+        attempt: Attempt,
+    ) -> Result<StatusCode, DbError> {
+        let result = increment(&s.pool, &s.table, None).await;
+        record(&s.calls, &attempt, &result);
+        result?;
+        Ok(StatusCode::NO_CONTENT)
+    }
+    let app = Router::new()
+        .route("/count", post(count))
+        .layer(SqliteRetryLayer::new(fast_policy(30)))
+        .with_state(state.clone());
+    let server = serve(app).await;
+    let client = HttpClient::new(server.addr);
+    let requests: Vec<_> = (0..REQUESTS)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { client.post("/count", "").await })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for request in requests {
+        statuses.push(request.await.unwrap().status);
+    }
+    let calls = state.calls.lock().unwrap().clone();
+    let conflicts = calls
+        .iter()
+        .filter(|(_, code)| code.as_deref() == Some("1020"))
+        .count();
+    let others: Vec<_> = calls
+        .iter()
+        .filter(|(_, code)| code.as_deref().is_some_and(|c| c != "1020"))
+        .collect();
+    eprintln!(
+        "{TEST}: {REQUESTS} requests, {} attempts, {conflicts} met 1020",
+        calls.len()
+    );
+    assert!(others.is_empty(), "errors other than 1020: {others:?}");
+    assert!(
+        statuses.iter().all(|s| *s == StatusCode::NO_CONTENT),
+        "every request succeeds: {statuses:?}"
+    );
+    assert_eq!(
+        fx.values().await,
+        vec![(1, REQUESTS as i64)],
+        "no increment lost"
+    );
+    fx.drop_table().await;
+}
+
+// ---------------------------------------------------------------------------------------------
 // What is not replayed: duplicate keys (409).
 
 #[tokio::test]
@@ -390,6 +551,8 @@ async fn classifier_and_db_error_on_real_driver_errors() {
     for (sqlstate, number, name) in [
         ("40001", 1213, "ER_LOCK_DEADLOCK"),
         ("HY000", 1205, "ER_LOCK_WAIT_TIMEOUT"),
+        ("HY000", 1020, "ER_CHECKREAD"),
+        ("40000", 3101, "ER_TRANSACTION_ROLLBACK_DURING_COMMIT"),
     ] {
         let err = signal(&fx.pool, sqlstate, number).await;
         let marker = classify(&err).unwrap_or_else(|| panic!("{number}: {err}"));
@@ -405,7 +568,6 @@ async fn classifier_and_db_error_on_real_driver_errors() {
     for (sqlstate, number) in [
         ("40001", 1180),
         ("HY000", 3572),
-        ("HY000", 1020),
         ("HY000", 1105),
         ("70100", 1317),
     ] {

@@ -76,8 +76,14 @@ macro_rules! sqlx_binding {
                     message,
                 };
             }
+            // SQLite's table only for sqlx's own SQLite driver: a third-party or custom
+            // `DatabaseError` with numeric codes is no SQLite error (1285 is not SQLITE_BUSY).
             let code = db.code();
-            let backend = match code.as_deref().and_then(sqlx_sqlite_code) {
+            let sqlite = code
+                .as_deref()
+                .and_then(sqlx_sqlite_code)
+                .filter(|_| super::is_sqlx_sqlite_error(db.as_error()));
+            let backend = match sqlite {
                 Some(code) => Backend::Sqlite(code),
                 None => Backend::Unknown(code),
             };
@@ -192,6 +198,40 @@ impl fmt::Display for Retryable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} ({})", self.name, self.code)
     }
+}
+
+/// Whether a sqlx database error is sqlx's `SqliteError` (0.8 or 0.9). The type cannot be named
+/// here without depending on sqlx's SQLite driver, and with it on a `libsqlite3-sys` (see the
+/// module's documentation), so it is recognised by the name its derived `Debug` prints first
+/// (`SqliteError { code: 5, message: ... }`); only that prefix is formatted. The tests pin it on
+/// real errors of both sqlx versions, so a sqlx release that changes it fails them.
+#[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]
+fn is_sqlx_sqlite_error(error: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
+    /// Compares what is written with `rest`, and stops the formatting as soon as it can tell.
+    struct Prefix<'a> {
+        rest: &'a [u8],
+        matched: bool,
+    }
+    impl fmt::Write for Prefix<'_> {
+        fn write_str(&mut self, s: &str) -> fmt::Result {
+            let n = s.len().min(self.rest.len());
+            if s.as_bytes()[..n] != self.rest[..n] {
+                return Err(fmt::Error);
+            }
+            self.rest = &self.rest[n..];
+            if self.rest.is_empty() {
+                self.matched = true;
+                return Err(fmt::Error);
+            }
+            Ok(())
+        }
+    }
+    let mut prefix = Prefix {
+        rest: b"SqliteError {",
+        matched: false,
+    };
+    let _ = fmt::write(&mut prefix, format_args!("{error:?}"));
+    prefix.matched
 }
 
 /// The marker for a pool that had no connection to give within its acquire timeout: the same

@@ -4,6 +4,32 @@
 //!   whole of it back.
 //! - `1205` ER_LOCK_WAIT_TIMEOUT: a row lock was not granted within `innodb_lock_wait_timeout`
 //!   (50 s by default).
+//! - `1020` ER_CHECKREAD ("Record has changed since last read"): MariaDB's serialization
+//!   failure. With `innodb_snapshot_isolation` on (the default from MariaDB 11.6.2, so in 11.8
+//!   LTS; earlier series such as 10.11 have the variable, off by default), a `REPEATABLE READ` transaction
+//!   that locks or changes a row another transaction changed after its read view was taken
+//!   fails with `1020`, and InnoDB rolls the whole transaction back (MDEV-35235 made the SQL
+//!   layer report it as rolled back, as for a deadlock). A run of the whole transaction on a
+//!   fresh snapshot is the cure, which is what a replay is.
+//! - `3101` ER_TRANSACTION_ROLLBACK_DURING_COMMIT: MySQL Group Replication's certification
+//!   failure. At commit the group orders conflicting transactions; the one ordered second
+//!   "aborts, and thus is rolled back on the originating server": the whole transaction, at
+//!   `COMMIT`, nothing of it applied anywhere. MariaDB has no error `3101` (its own numbers
+//!   jump from the 19xx to 4000); Galera reports its certification failures as `1213`.
+//!
+//! Sources (the vendors' manuals):
+//! - MariaDB, `innodb_snapshot_isolation`:
+//!   <https://mariadb.com/docs/server/server-usage/storage-engines/innodb/innodb-system-variables#innodb_snapshot_isolation>;
+//!   error 1020:
+//!   <https://mariadb.com/docs/server/reference/error-codes/mariadb-error-codes-1000-to-1099/e1020>;
+//!   MDEV-35235 (the rollback is signalled as for a deadlock):
+//!   <https://jira.mariadb.org/browse/MDEV-35235>.
+//! - MySQL Group Replication, conflict resolution at commit:
+//!   <https://dev.mysql.com/doc/refman/8.4/en/group-replication-summary.html>; error 3101:
+//!   <https://dev.mysql.com/doc/mysql-errors/8.4/en/server-error-reference.html#error_er_transaction_rollback_during_commit>.
+//! - InnoDB deadlocks (1213) and `innodb_rollback_on_timeout` (1205):
+//!   <https://dev.mysql.com/doc/refman/8.4/en/innodb-deadlocks.html>,
+//!   <https://dev.mysql.com/doc/refman/8.4/en/innodb-error-handling.html>.
 //!
 //! The error *number* decides, not the SQLSTATE: MySQL's SQLSTATE is too coarse (`40001` for a
 //! deadlock, `HY000` for a lock wait timeout and for hundreds of unrelated errors). sqlx's
@@ -21,8 +47,9 @@
 
 use super::Retryable;
 
-/// Classifies a MySQL/MariaDB error number: `1213` ER_LOCK_DEADLOCK and `1205`
-/// ER_LOCK_WAIT_TIMEOUT are retryable, nothing else.
+/// Classifies a MySQL/MariaDB error number: `1213` ER_LOCK_DEADLOCK, `1205`
+/// ER_LOCK_WAIT_TIMEOUT, `1020` ER_CHECKREAD (MariaDB's snapshot isolation) and `3101`
+/// ER_TRANSACTION_ROLLBACK_DURING_COMMIT (Group Replication) are retryable, nothing else.
 ///
 /// For users who hold a raw error number rather than a `sqlx::Error` (from `mysql_async`,
 /// say). The marker's [`code`](Retryable::code) is the number in decimal, its
@@ -32,8 +59,10 @@ use super::Retryable;
 /// |---|---|
 /// | `1213` ER_LOCK_DEADLOCK (InnoDB rolled the whole transaction back) | yes |
 /// | `1205` ER_LOCK_WAIT_TIMEOUT (`innodb_lock_wait_timeout`, 50 s by default) | yes |
+/// | `1020` ER_CHECKREAD (MariaDB `innodb_snapshot_isolation`: the row changed since the snapshot; the transaction is rolled back) | yes |
+/// | `3101` ER_TRANSACTION_ROLLBACK_DURING_COMMIT (Group Replication certification failure; the transaction is rolled back) | yes |
 /// | `3572` ER_LOCK_NOWAIT (`NOWAIT`) | no, as PostgreSQL's `55P03` |
-/// | everything else (`1062` ER_DUP_ENTRY and other constraints, `1020` ER_CHECKREAD, ...) | no |
+/// | everything else (`1062` ER_DUP_ENTRY and other constraints, `1180` ER_ERROR_DURING_COMMIT, ...) | no |
 ///
 /// `1205` is retried because MySQL's lock wait timeout is on by default: it is contention that
 /// lasted too long, not a request to fail fast. InnoDB rolls back only the *statement* on
@@ -47,6 +76,7 @@ use super::Retryable;
 /// let marker = classify_mysql_code(1213).unwrap();
 /// assert_eq!((marker.code(), marker.name()), ("1213", "ER_LOCK_DEADLOCK"));
 /// assert_eq!(classify_mysql_code(1205).unwrap().name(), "ER_LOCK_WAIT_TIMEOUT");
+/// assert_eq!(classify_mysql_code(1020).unwrap().name(), "ER_CHECKREAD");
 /// assert!(classify_mysql_code(1062).is_none()); // ER_DUP_ENTRY
 /// assert!(classify_mysql_code(3572).is_none()); // ER_LOCK_NOWAIT
 /// ```
@@ -54,6 +84,8 @@ pub fn classify_mysql_code(number: u16) -> Option<Retryable> {
     let code = match number {
         1213 => "1213",
         1205 => "1205",
+        1020 => "1020",
+        3101 => "3101",
         _ => return None,
     };
     Some(Retryable::new(code, mysql_code_name(number)))
@@ -74,6 +106,7 @@ pub fn mysql_code_name(number: u16) -> &'static str {
         1213 => "ER_LOCK_DEADLOCK",
         3572 => "ER_LOCK_NOWAIT",
         1020 => "ER_CHECKREAD",
+        3101 => "ER_TRANSACTION_ROLLBACK_DURING_COMMIT",
         1180 => "ER_ERROR_DURING_COMMIT",
         1206 => "ER_LOCK_TABLE_FULL",
         1022 => "ER_DUP_KEY",
@@ -113,14 +146,16 @@ mod tests {
         for (number, code, name) in [
             (1213, "1213", "ER_LOCK_DEADLOCK"),
             (1205, "1205", "ER_LOCK_WAIT_TIMEOUT"),
+            (1020, "1020", "ER_CHECKREAD"),
+            (3101, "3101", "ER_TRANSACTION_ROLLBACK_DURING_COMMIT"),
         ] {
             let r = classify_mysql_code(number).unwrap_or_else(|| panic!("{number}"));
             assert_eq!((r.code(), r.name()), (code, name));
             assert_eq!(mysql_code_name(number), name);
         }
         for number in [
-            3572, 1020, 1180, 1206, 1062, 1022, 1169, 1586, 1859, 1216, 1217, 1451, 1452, 1048,
-            1364, 3819, 4025, 1040, 1064, 1146, 1317, 1969, 3024, 1105, 0, 40001, 65535,
+            3572, 1180, 1206, 1062, 1022, 1169, 1586, 1859, 1216, 1217, 1451, 1452, 1048, 1364,
+            3819, 4025, 1040, 1064, 1146, 1317, 1969, 3024, 1105, 0, 40001, 65535,
         ] {
             assert!(classify_mysql_code(number).is_none(), "{number}");
         }
@@ -130,7 +165,7 @@ mod tests {
 
     #[test]
     fn names_of_retryable_codes_are_the_markers_names() {
-        for number in [1213, 1205] {
+        for number in [1213, 1205, 1020, 3101] {
             assert_eq!(
                 classify_mysql_code(number).unwrap().name(),
                 mysql_code_name(number)

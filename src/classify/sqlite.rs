@@ -9,7 +9,13 @@
 //! - `SQLITE_BUSY` and its extended codes: another connection holds the lock, or the
 //!   transaction's WAL snapshot is stale (`517`). `busy_timeout` does not help inside a
 //!   transaction; only a rollback and a re-run of the whole transaction does, which is what a
-//!   replay of the request is.
+//!   replay of the request is. Except when the connection itself is the cause: SQLite answers
+//!   plain `SQLITE_BUSY` (`5`) with a fixed message of its own when a `COMMIT`, a `SAVEPOINT`
+//!   or a `RELEASE` meets a write statement still in progress *on the same connection* (an
+//!   `INSERT ... RETURNING` whose rows are not all read), and when a function or collation is
+//!   replaced while statements run (listed below). A replay runs the same code
+//!   and meets it again, so these are not retried. sqlx never lets two statements run at once
+//!   on one connection, so its users cannot meet them; rusqlite and libsql users can.
 //! - `SQLITE_LOCKED_SHAREDCACHE` (`262`): another connection of the same shared cache holds a
 //!   table lock; it goes away when that connection's transaction ends.
 //! - plain `SQLITE_LOCKED` (`6`) only as the victim of an unlock-notify deadlock, whose message
@@ -25,7 +31,11 @@
 //!
 //! This crate never depends on a SQLite driver for sqlx (that would put a `libsqlite3-sys`,
 //! and with it a second SQLite, into the application's graph), so it cannot downcast a sqlx
-//! error to `SqliteError`. It recognises one by its code instead ([`sqlx_sqlite_code`]):
+//! error to `SqliteError`. It recognises one by two things instead: the type's name, which its
+//! derived `Debug` prints first (`SqliteError { code: 5, ... }`, in sqlx 0.8 and 0.9: pinned by
+//! the tests on real errors), so that a third-party or custom `DatabaseError` with numeric
+//! codes is never read as SQLite's (its `1285` is not `SQLITE_BUSY`, nor a code whose low byte
+//! is 19 a constraint); and its code ([`sqlx_sqlite_code`]):
 //!
 //! - sqlx's SQLite driver (0.8 and 0.9) gives the extended result code in decimal;
 //! - every SQLite result code is below 10,000, so it has one to four digits: the largest,
@@ -43,6 +53,21 @@ use std::borrow::Cow;
 
 use super::Retryable;
 
+/// The messages with which SQLite reports a `SQLITE_BUSY` (`5`) caused by the connection
+/// itself, not by another connection (SQLite's `vdbe.c`, `OP_AutoCommit` and `OP_Savepoint`,
+/// and `main.c`, 3.51): a replay meets them again. "cannot rollback transaction" is the
+/// wording of SQLite before 3.7.11 (a `ROLLBACK` with statements pending), which rusqlite's
+/// oldest versions bundle.
+pub(crate) const SAME_CONNECTION_BUSY: [&str; 7] = [
+    "cannot commit transaction - SQL statements in progress",
+    "cannot open savepoint - SQL statements in progress",
+    "cannot release savepoint - SQL statements in progress",
+    "cannot rollback transaction - SQL statements in progress",
+    "unable to close due to unfinalized statements or unfinished backups",
+    "unable to delete/modify user-function due to active statements",
+    "unable to delete/modify collation sequence due to active statements",
+];
+
 /// Classifies a SQLite extended result code (and, for `SQLITE_LOCKED`, its message).
 ///
 /// For users who hold a raw code rather than a driver's error:
@@ -54,11 +79,14 @@ use super::Retryable;
 /// assert!(classify_sqlite_code(6, "database is deadlocked").is_some());
 /// assert!(classify_sqlite_code(6, "database table is locked").is_none());
 /// assert!(classify_sqlite_code(2067, "UNIQUE constraint failed").is_none());
+/// // The connection's own statement in progress: a replay meets it again.
+/// assert!(classify_sqlite_code(5, "cannot commit transaction - SQL statements in progress").is_none());
 /// ```
 ///
 /// | condition | retry |
 /// |---|---|
 /// | primary 5: `SQLITE_BUSY` 5, `_RECOVERY` 261, `_SNAPSHOT` 517, `_TIMEOUT` 773 | yes |
+/// | `SQLITE_BUSY` 5 with one of SQLite's same-connection messages (`cannot commit transaction - SQL statements in progress`, `cannot release savepoint - ...`, `cannot open savepoint - ...`, ...) | no |
 /// | `SQLITE_LOCKED_SHAREDCACHE` 262 | yes |
 /// | `SQLITE_LOCKED` 6 with message `database is deadlocked` (unlock-notify deadlock victim) | yes |
 /// | `SQLITE_PROTOCOL` 15 | yes |
@@ -66,6 +94,9 @@ use super::Retryable;
 /// | everything else (constraints, I/O, `FULL`, `CORRUPT`, `READONLY`, ...) | no |
 pub fn classify_sqlite_code(code: i32, message: &str) -> Option<Retryable> {
     let retry = match code & 0xff {
+        // Plain SQLITE_BUSY with a message SQLite itself sets when the connection's own
+        // statements are the cause.
+        5 if code == 5 => !SAME_CONNECTION_BUSY.contains(&message),
         5 | 15 => true,
         // SQLITE_LOCKED_SHAREDCACHE: another connection of the shared cache holds the lock.
         6 if code == 262 => true,
@@ -185,6 +216,12 @@ mod tests {
         ] {
             assert!(classify_sqlite_code(code, "").is_none(), "{code}");
         }
+        for message in SAME_CONNECTION_BUSY {
+            assert!(classify_sqlite_code(5, message).is_none(), "{message}");
+            // Only plain SQLITE_BUSY carries them; an extended code is contention.
+            assert!(classify_sqlite_code(517, message).is_some(), "{message}");
+        }
+        assert!(classify_sqlite_code(5, "database is locked").is_some());
         // The deadlock message only counts for plain SQLITE_LOCKED.
         assert!(classify_sqlite_code(518, "database is deadlocked").is_none());
         assert_eq!(

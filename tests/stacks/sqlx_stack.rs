@@ -106,3 +106,23 @@ async fn constraint_violation_is_409_and_not_replayed() {
 
     harness::assert_conflict_not_replayed(&server, &attempts).await;
 }
+
+/// The crate recognises sqlx's SQLite errors without naming their type, by the name their
+/// derived `Debug` begins with (see the `sqlite` table's documentation): pinned on a real
+/// error of this sqlx version, beside the answer it leads to.
+#[tokio::test]
+async fn sqlite_errors_are_recognised_as_sqlite_errors() {
+    let (_dir, options) = database();
+    let pool = pool(&options).await;
+    sqlx::query("INSERT INTO items (name) VALUES ('fig')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let err = sqlx::query("INSERT INTO items (name) VALUES ('fig')")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    let debug = format!("{:?}", err.as_database_error().unwrap());
+    assert!(debug.starts_with("SqliteError { "), "{debug}");
+    assert_eq!(DbError::from(err).status(), StatusCode::CONFLICT);
+}

@@ -3,7 +3,9 @@
 //! connection holds `BEGIN IMMEDIATE` (busy timeout 0) meets `SQLITE_BUSY`, is replayed once
 //! the lock is gone, and succeeds on attempt 2; a unique violation is answered `409` and not
 //! replayed. The same scenario as the main package's `tests/stack_sqlx.rs`: see
-//! `../../harness.rs`.
+//! `../../harness.rs`. Besides, the `SQLITE_BUSY` that the connection causes itself (a `COMMIT`,
+//! `SAVEPOINT` or `RELEASE` while its own `INSERT ... RETURNING` is still in progress), made
+//! for real: sqlx never lets two statements run at once on one connection, rusqlite does.
 
 #[path = "../../harness.rs"]
 mod harness;
@@ -17,7 +19,7 @@ use axum::extract::State;
 use axum::routing::post;
 use http::StatusCode;
 use rusqlite::Connection;
-use tower_sqlite_retry::DbError;
+use tower_sqlite_retry::{DbError, classify_rusqlite};
 
 use harness::{Attempts, Release};
 
@@ -92,4 +94,97 @@ async fn constraint_violation_is_409_and_not_replayed() {
     .await;
 
     harness::assert_conflict_not_replayed(&server, &attempts).await;
+}
+
+/// Starts `INSERT ... RETURNING` on `conn` and reads its first row, so that the write statement
+/// is still in progress, then runs `then` on the same connection: SQLite refuses it with plain
+/// `SQLITE_BUSY` and a message of its own. `before` runs first (`BEGIN`, `SAVEPOINT a`).
+fn busy_by_own_statement(conn: &Connection, before: &str, then: &str) -> rusqlite::Error {
+    conn.execute_batch(before).unwrap();
+    let mut insert = conn
+        .prepare("INSERT INTO items (name) VALUES ('mine') RETURNING id")
+        .unwrap();
+    let mut rows = insert.query([]).unwrap();
+    rows.next().unwrap().expect("the inserted row");
+    let err = conn.execute_batch(then).unwrap_err();
+    drop(rows);
+    drop(insert);
+    conn.execute_batch("ROLLBACK").unwrap();
+    err
+}
+
+#[test]
+fn same_connection_busy_is_not_retryable() {
+    let (_dir, conn) = database();
+    for (before, then, message) in [
+        (
+            "BEGIN",
+            "COMMIT",
+            "cannot commit transaction - SQL statements in progress",
+        ),
+        (
+            "SAVEPOINT a",
+            "RELEASE a",
+            "cannot release savepoint - SQL statements in progress",
+        ),
+        (
+            "BEGIN",
+            "SAVEPOINT b",
+            "cannot open savepoint - SQL statements in progress",
+        ),
+    ] {
+        let err = busy_by_own_statement(&conn, before, then);
+        let rusqlite::Error::SqliteFailure(failure, Some(text)) = &err else {
+            panic!("{then}: {err:?}");
+        };
+        assert_eq!(
+            (failure.extended_code, text.as_str()),
+            (5, message),
+            "{then}"
+        );
+        assert_eq!(classify_rusqlite(&err), None, "{then}: not contention");
+        assert_eq!(
+            DbError::from(err).status(),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+    }
+}
+
+// A handler that commits while its own INSERT ... RETURNING is still in progress.
+async fn commit_too_early(State(db): State<Arc<Mutex<Connection>>>) -> Result<StatusCode, DbError> {
+    let conn = db.lock().unwrap();
+    conn.execute_batch("BEGIN")?;
+    let result = (|| {
+        let mut insert = conn.prepare("INSERT INTO items (name) VALUES ('early') RETURNING id")?;
+        let mut rows = insert.query([])?;
+        rows.next()?;
+        conn.execute_batch("COMMIT")
+    })();
+    if result.is_err() {
+        conn.execute_batch("ROLLBACK")?;
+    }
+    result?;
+    Ok(StatusCode::CREATED)
+}
+
+/// Over HTTP behind the layer: the handler's own `SQLITE_BUSY` is answered once, `500`, never
+/// replayed (it used to get up to 29 futile replays, each teaching admission that the route
+/// collides).
+#[tokio::test]
+async fn same_connection_busy_is_answered_once_not_replayed() {
+    let (_dir, conn) = database();
+    let attempts = Attempts::default();
+    let routes = Router::new()
+        .route("/early", post(commit_too_early))
+        .with_state(Arc::new(Mutex::new(conn)));
+    let server = harness::serve(harness::app(routes, attempts.clone(), harness::no_lock())).await;
+    let (status, body) = harness::post(&server, "/early", "").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::INTERNAL_SERVER_ERROR, "internal error")
+    );
+    assert_eq!(
+        attempts.take(),
+        [(1, StatusCode::INTERNAL_SERVER_ERROR, None)]
+    );
 }
