@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tower_layer::Layer;
 
-use crate::admission::Admissions;
+use crate::admission::{AdmissionLimit, Admissions};
 use crate::classify::NeverRetryErrors;
 use crate::metrics::{Counters, RetryMetrics};
 use crate::policy::{InvalidPolicy, RetryPolicy};
@@ -132,16 +132,17 @@ impl<C> SqliteRetryLayer<C> {
         &self.shared.policy
     }
 
-    /// The routes writer admission has limited so far, as `("METHOD /route/template",
-    /// attempts in flight allowed)`, sorted; empty while no route has failed retryably (or
-    /// with [`Admission::Off`](crate::Admission::Off)).
+    /// The routes writer admission has limited so far, each with its method, route template
+    /// and the attempts in flight it allows (see [`AdmissionLimit`]), sorted by route template,
+    /// then method; empty while no route with a template has failed retryably (or with
+    /// [`Admission::Off`](crate::Admission::Off)).
     ///
     /// ```
     /// # use tower_sqlite_retry::{RetryPolicy, SqliteRetryLayer};
     /// let layer = SqliteRetryLayer::new(RetryPolicy::default());
     /// assert!(layer.admission_limits().is_empty());
     /// ```
-    pub fn admission_limits(&self) -> Vec<(String, u32)> {
+    pub fn admission_limits(&self) -> Vec<AdmissionLimit> {
         self.shared.admissions.limits()
     }
 }

@@ -125,7 +125,7 @@ mod recorder;
 mod route;
 mod service;
 
-pub use admission::Admission;
+pub use admission::{Admission, AdmissionLimit};
 pub use attempt::{Attempt, Outcome, RetryOutcome};
 pub use body::ReplayBody;
 #[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]

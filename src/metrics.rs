@@ -100,7 +100,7 @@ impl RetryMetrics {
     /// let metrics = SqliteRetryLayer::new(RetryPolicy::default()).metrics();
     /// assert!(metrics.admission_limits().is_empty());
     /// ```
-    pub fn admission_limits(&self) -> Vec<(String, u32)> {
+    pub fn admission_limits(&self) -> Vec<crate::AdmissionLimit> {
         self.shared.admissions.limits()
     }
 

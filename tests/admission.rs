@@ -15,7 +15,7 @@ use http::{Request, StatusCode};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_sqlite_retry::{
     Admission, Attempt, Jitter, Outcome, ReplayBody, RetryOutcome, RetryPolicy, Retryable,
-    SqliteRetryLayer, SqlxErrors,
+    SqliteRetryLayer,
 };
 
 fn busy() -> Response {
@@ -78,6 +78,32 @@ fn app(layer: SqliteRetryLayer, probe: Probe) -> Router {
         .with_state(probe)
 }
 
+/// `handler` at the route template `/{name}`, under `layer` (and a second clone of it when
+/// `nested`): writer admission limits only routes the router names.
+fn routed<H, T>(layer: &SqliteRetryLayer, nested: bool, handler: H) -> Router
+where
+    H: axum::handler::Handler<T, ()>,
+    T: 'static,
+{
+    let router = Router::new()
+        .route("/{name}", post(handler))
+        .layer(layer.clone());
+    if nested {
+        router.layer(layer.clone())
+    } else {
+        router
+    }
+}
+
+/// `METHOD route: limit` for each limited route.
+fn limits(layer: &SqliteRetryLayer) -> Vec<String> {
+    layer
+        .admission_limits()
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
 /// Sends `n` requests, each one only once the one before is queued (or running), so that
 /// their arrival order is known; returns their answers.
 async fn burst(app: &Router, method: &str, prefix: &str, n: usize) -> Vec<Response> {
@@ -125,7 +151,12 @@ async fn a_route_is_queued_only_after_it_collides() {
         res.extensions().get::<RetryOutcome>().unwrap().outcome(),
         Outcome::SucceededAfterRetry
     );
-    assert_eq!(layer.admission_limits(), [("POST /w/{id}".to_owned(), 1)]);
+    assert_eq!(limits(&layer), ["POST /w/{id}: 1"]);
+    let route = &layer.admission_limits()[0];
+    assert_eq!(
+        (route.method(), route.route(), route.limit(), route.held()),
+        (&http::Method::POST, "/w/{id}", 1, 0)
+    );
     probe.take_max();
     probe.order.lock().unwrap().clear();
 
@@ -166,24 +197,22 @@ async fn the_deadline_bounds_the_wait_for_a_slot() {
     let layer = SqliteRetryLayer::new(policy().deadline(ms(1000)));
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
-    let svc = ServiceBuilder::new().layer(layer.clone()).service_fn(
-        move |req: Request<ReplayBody<Body>>| {
-            let n = c.fetch_add(1, Ordering::SeqCst);
-            async move {
-                if n == 0 {
-                    return Ok::<_, Infallible>(busy());
-                }
-                if req.uri().path() == "/slow" {
-                    tokio::time::sleep(ms(5000)).await;
-                }
-                Ok(StatusCode::OK.into_response())
+    let svc = routed(&layer, false, move |req: Request<Body>| {
+        let n = c.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if n == 0 {
+                return busy();
             }
-        },
-    );
+            if req.uri().path() == "/slow" {
+                tokio::time::sleep(ms(5000)).await;
+            }
+            StatusCode::OK.into_response()
+        }
+    });
     // The first request meets contention, and so limits the route.
     let first = svc
         .clone()
-        .oneshot(Request::post("/").body(Body::empty()).unwrap());
+        .oneshot(Request::post("/x").body(Body::empty()).unwrap());
     assert_eq!(first.await.unwrap().status(), StatusCode::OK);
     // A slow one holds the slot for 5 s; the next gives up waiting at its deadline.
     let slow = tokio::spawn(
@@ -194,7 +223,7 @@ async fn the_deadline_bounds_the_wait_for_a_slot() {
     let start = tokio::time::Instant::now();
     let res = svc
         .clone()
-        .oneshot(Request::post("/").body(Body::empty()).unwrap())
+        .oneshot(Request::post("/x").body(Body::empty()).unwrap())
         .await
         .unwrap();
     assert_eq!(start.elapsed(), ms(1000));
@@ -214,31 +243,28 @@ async fn the_deadline_bounds_the_wait_for_a_slot() {
 async fn a_layer_nested_in_itself_never_waits_for_its_own_slot() {
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
-    let layer = SqliteRetryLayer::new(policy()).classify_errors(SqlxErrors);
-    let svc = ServiceBuilder::new()
-        .layer(layer.clone())
-        .layer(layer.clone())
-        .service_fn(move |_: Request<ReplayBody<ReplayBody<Body>>>| {
-            let n = c.fetch_add(1, Ordering::SeqCst);
-            async move {
-                if n == 0 {
-                    Err::<Response, tower::BoxError>(Box::new(sqlx::Error::PoolTimedOut))
-                } else {
-                    Ok(StatusCode::OK.into_response())
-                }
+    let layer = SqliteRetryLayer::new(policy());
+    let svc = routed(&layer, true, move || {
+        let n = c.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if n == 0 {
+                Err(tower_sqlite_retry::DbError::from(sqlx::Error::PoolTimedOut))
+            } else {
+                Ok(StatusCode::OK)
             }
-        });
+        }
+    });
     for _ in 0..3 {
         let res = tokio::time::timeout(
             Duration::from_secs(60),
             svc.clone()
-                .oneshot(Request::post("/").body(Body::empty()).unwrap()),
+                .oneshot(Request::post("/x").body(Body::empty()).unwrap()),
         )
         .await
         .expect("no deadlock on the route's one slot");
         assert_eq!(res.unwrap().status(), StatusCode::OK);
     }
-    assert_eq!(layer.admission_limits(), [("POST ".to_owned(), 1)]);
+    assert_eq!(limits(&layer), ["POST /{name}: 1"]);
 }
 
 /// The handler of the fence tests. Its first call fails retryably (the route gets one slot).
@@ -303,10 +329,10 @@ impl Fencing {
     {
         let post = |path: &str| Request::post(path).body(Body::empty()).unwrap();
         assert_eq!(
-            svc.clone().oneshot(post("/")).await.unwrap().status(),
+            svc.clone().oneshot(post("/x")).await.unwrap().status(),
             StatusCode::OK
         );
-        assert_eq!(layer.admission_limits(), [("POST ".to_owned(), 1)]);
+        assert_eq!(limits(layer), ["POST /{name}: 1"]);
         let a = tokio::spawn(svc.clone().oneshot(post("/a")));
         self.fenced.notified().await;
         let b = svc.clone().oneshot(post("/b")).await.unwrap();
@@ -318,7 +344,7 @@ impl Fencing {
     }
 }
 
-fn path_and_attempt<B>(req: &Request<B>) -> (String, Attempt) {
+fn path_and_attempt(req: &Request<Body>) -> (String, Attempt) {
     let attempt = req.extensions().get::<Attempt>().cloned().unwrap();
     (req.uri().path().to_owned(), attempt)
 }
@@ -328,12 +354,10 @@ async fn the_fence_gives_the_slot_back_before_the_handler_ends() {
     let layer = SqliteRetryLayer::new(policy());
     let (fencing, finish) = Fencing::new();
     let f = fencing.clone();
-    let svc = ServiceBuilder::new().layer(layer.clone()).service_fn(
-        move |req: Request<ReplayBody<Body>>| {
-            let (path, attempt) = path_and_attempt(&req);
-            f.clone().handle(path, attempt)
-        },
-    );
+    let svc = routed(&layer, false, move |req: Request<Body>| {
+        let (path, attempt) = path_and_attempt(&req);
+        f.clone().handle(path, attempt)
+    });
     fencing
         .fence_lets_the_next_one_in(&svc, &layer, finish)
         .await;
@@ -364,20 +388,18 @@ async fn a_request_holding_a_slot_backs_off_briefly() {
             .max_delay(Duration::from_millis(100))
             .jitter(Jitter::None)
             .admission(admission);
-        let svc = ServiceBuilder::new()
-            .layer(SqliteRetryLayer::new(policy))
-            .service_fn(move |_: Request<ReplayBody<Body>>| {
-                let n = c.fetch_add(1, Ordering::SeqCst);
-                async move {
-                    Ok::<_, Infallible>(if n < 5 {
-                        busy()
-                    } else {
-                        StatusCode::OK.into_response()
-                    })
+        let svc = routed(&SqliteRetryLayer::new(policy), false, move || {
+            let n = c.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n < 5 {
+                    busy()
+                } else {
+                    StatusCode::OK.into_response()
                 }
-            });
+            }
+        });
         let res = svc
-            .oneshot(Request::post("/").body(Body::empty()).unwrap())
+            .oneshot(Request::post("/x").body(Body::empty()).unwrap())
             .await
             .unwrap();
         assert_eq!(res.status(), StatusCode::OK);
@@ -401,9 +423,10 @@ async fn a_request_holding_a_slot_backs_off_briefly() {
 async fn an_attempt_kept_by_a_spawned_task_does_not_keep_the_slot() {
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
-    let svc = ServiceBuilder::new()
-        .layer(SqliteRetryLayer::new(policy()))
-        .service_fn(move |req: Request<ReplayBody<Body>>| {
+    let svc = routed(
+        &SqliteRetryLayer::new(policy()),
+        false,
+        move |req: Request<Body>| {
             let n = c.fetch_add(1, Ordering::SeqCst);
             // The handler hands its `Attempt` to a task that outlives the request.
             let attempt = req.extensions().get::<Attempt>().cloned().unwrap();
@@ -422,14 +445,15 @@ async fn an_attempt_kept_by_a_spawned_task_does_not_keep_the_slot() {
                     StatusCode::OK.into_response()
                 })
             }
-        });
+        },
+    );
     // The first request limits the route; each later one takes the slot and ends (or is
     // dropped, by a timeout outside). Were the slot still held by the tasks' `Attempt`s, the
     // next request would wait out its deadline.
     let hung = tokio::time::timeout(
         Duration::from_secs(1),
         svc.clone()
-            .oneshot(Request::post("/").body(Body::empty()).unwrap()),
+            .oneshot(Request::post("/x").body(Body::empty()).unwrap()),
     );
     assert_eq!(hung.await.unwrap().unwrap().status(), StatusCode::OK);
     let hung = tokio::time::timeout(
@@ -441,7 +465,7 @@ async fn an_attempt_kept_by_a_spawned_task_does_not_keep_the_slot() {
     for _ in 0..3 {
         let res = svc
             .clone()
-            .oneshot(Request::post("/").body(Body::empty()).unwrap())
+            .oneshot(Request::post("/x").body(Body::empty()).unwrap())
             .await
             .unwrap();
         assert_eq!(res.status(), StatusCode::OK);
@@ -456,13 +480,10 @@ async fn in_a_layer_nested_in_itself_the_fence_gives_the_outer_slot_back() {
     let layer = SqliteRetryLayer::new(policy());
     let (fencing, finish) = Fencing::new();
     let f = fencing.clone();
-    let svc = ServiceBuilder::new()
-        .layer(layer.clone())
-        .layer(layer.clone())
-        .service_fn(move |req: Request<ReplayBody<ReplayBody<Body>>>| {
-            let (path, attempt) = path_and_attempt(&req);
-            f.clone().handle(path, attempt)
-        });
+    let svc = routed(&layer, true, move |req: Request<Body>| {
+        let (path, attempt) = path_and_attempt(&req);
+        f.clone().handle(path, attempt)
+    });
     fencing
         .fence_lets_the_next_one_in(&svc, &layer, finish)
         .await;
@@ -499,4 +520,85 @@ async fn a_fence_during_the_backoff_stops_the_replay() {
     assert_eq!((o.outcome(), o.attempts()), (Outcome::Fenced, 1));
     assert_eq!(calls.load(Ordering::SeqCst), 1, "no replay after the fence");
     assert_eq!(layer.metrics().snapshot().fenced, 1);
+}
+
+/// Finding: without a route template (a plain tower or hyper service, a layer outside the
+/// `Router`, the fallback) every request of a method shared one limit, so one collision on
+/// one path queued every `POST` of the service. Now such requests are replayed, never queued.
+#[tokio::test(start_paused = true)]
+async fn without_a_route_template_requests_are_replayed_but_never_queued() {
+    let layer = SqliteRetryLayer::new(policy());
+    let probe = Probe::default();
+    let p = probe.clone();
+    let svc = ServiceBuilder::new().layer(layer.clone()).service_fn(
+        move |req: Request<ReplayBody<Body>>| {
+            let p = p.clone();
+            async move { Ok::<_, Infallible>(p.work(req.uri().path().to_owned()).await) }
+        },
+    );
+    // One request on one path meets contention, and is replayed.
+    probe.fail_next.store(true, Ordering::SeqCst);
+    let res = svc
+        .clone()
+        .oneshot(Request::post("/orders").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        res.extensions().get::<RetryOutcome>().unwrap().outcome(),
+        Outcome::SucceededAfterRetry
+    );
+    probe.take_max();
+    // Writes to another path run side by side.
+    let tasks: Vec<_> = (0..5)
+        .map(|i| {
+            let req = Request::post(format!("/receipts/{i}"))
+                .body(Body::empty())
+                .unwrap();
+            tokio::spawn(svc.clone().oneshot(req))
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+    assert_eq!(probe.take_max(), 5, "nobody was queued behind /orders");
+    assert_eq!(layer.metrics().snapshot().queued, 0);
+    assert!(limits(&layer).is_empty(), "{:?}", limits(&layer));
+}
+
+/// Finding: the limits were keyed by any method, so on an `any()` route each method a client
+/// invented that met one retryable failure added an entry for good. Now only the nine
+/// standard methods get a limit; the others are still replayed.
+#[tokio::test(start_paused = true)]
+async fn invented_methods_never_grow_the_admission_map() {
+    let layer = SqliteRetryLayer::new(policy());
+    // Every request's first attempt collides.
+    let app = Router::new()
+        .route(
+            "/any",
+            axum::routing::any(|attempt: Attempt| async move {
+                if attempt.number() == 1 {
+                    busy()
+                } else {
+                    StatusCode::OK.into_response()
+                }
+            }),
+        )
+        .layer(layer.clone());
+    let mut methods: Vec<_> = (0..50).map(|i| format!("M{i}")).collect();
+    methods.push("POST".to_owned());
+    for method in &methods {
+        let req = Request::builder()
+            .method(method.as_str())
+            .uri("/any")
+            .body(Body::empty())
+            .unwrap();
+        let res = app.clone().oneshot(req).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{method}");
+        assert_eq!(
+            res.extensions().get::<RetryOutcome>().unwrap().outcome(),
+            Outcome::SucceededAfterRetry,
+            "{method} is replayed"
+        );
+    }
+    assert_eq!(limits(&layer), ["POST /any: 1"]);
 }

@@ -34,7 +34,8 @@ use sqlx::{AssertSqlSafe, SqlitePool};
 use tower::ServiceBuilder;
 use tower::limit::ConcurrencyLimitLayer;
 use tower_sqlite_retry::{
-    Admission, Attempt, DbError, MetricsSnapshot, RetryMetrics, RetryPolicy, SqliteRetryLayer,
+    Admission, AdmissionLimit, Attempt, DbError, MetricsSnapshot, RetryMetrics, RetryPolicy,
+    SqliteRetryLayer,
 };
 
 /// `GET /items` page size when `limit` is not given, and the largest one allowed.
@@ -613,8 +614,8 @@ pub(crate) struct AppMetrics {
 pub(crate) struct AppSnapshot {
     pub(crate) write: MetricsSnapshot,
     pub(crate) read: MetricsSnapshot,
-    /// Writer admission's limits on the write route's layer (`METHOD route`, limit).
-    pub(crate) write_limits: Vec<(String, u32)>,
+    /// Writer admission's limits on the write route's layer.
+    pub(crate) write_limits: Vec<AdmissionLimit>,
 }
 
 impl AppMetrics {
@@ -654,7 +655,17 @@ impl AppSnapshot {
             "retries": self.retries(),
             "write_layer": snapshot_json(&self.write),
             "router_layer": snapshot_json(&self.read),
-            "admission_limits": self.write_limits,
+            "admission_limits": self
+                .write_limits
+                .iter()
+                .map(|l| serde_json::json!({
+                    "method": l.method().as_str(),
+                    "route": l.route(),
+                    "limit": l.limit(),
+                    "held": l.held(),
+                    "waiting": l.waiting(),
+                }))
+                .collect::<Vec<_>>(),
         })
     }
 }

@@ -1,0 +1,228 @@
+//! A model check of writer admission's accounting with `shuttle`: the crate's own
+//! `src/admission/queue.rs`, included as is, over shuttle's `Mutex` (the only lock it takes),
+//! under thousands of thread schedules chosen at random and by PCT (probabilistic concurrency
+//! testing, which finds bugs of a small depth with a known probability).
+//!
+//! Each schedule runs threads that take slots at once or wait for one in the queue, give up
+//! their wait at any point (before it is granted, or after it was granted but before it ran),
+//! give slots back, and move the limit down and up (directly and through the learning's
+//! windows). Checked throughout: the queue's invariants (nobody waits while a slot is free,
+//! arrival order, the limit within `1..=256`, a granted slot is held); a deadlock (a waiter
+//! never woken) fails the schedule. Checked once all threads are done: every wait ended
+//! (granted or cancelled), no slot is held, and exactly `limit` requests can take one: no slot
+//! lost or minted.
+//!
+//! The last test runs the same check on a model of the earlier design (a semaphore whose
+//! lowering retired permits through a debt that their return paid without the lowering's
+//! lock) and requires the checker to find it losing slots.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use shuttle::future::block_on;
+use shuttle::thread;
+
+/// What `queue.rs` locks with: shuttle's, so that the scheduler sees every lock.
+mod sync {
+    pub(crate) use shuttle::sync::{Arc, Mutex};
+}
+
+#[allow(dead_code, unreachable_pub)]
+#[path = "../src/admission/queue.rs"]
+mod queue;
+
+use queue::{MAX_LIMIT, RouteLimit, WINDOW_MIN};
+use sync::Arc;
+
+/// Polls a future once; `Some` if it completed.
+struct PollOnce<'a, F>(&'a mut F);
+
+impl<F: Future + Unpin> Future for PollOnce<'_, F> {
+    type Output = Option<F::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Poll::Ready(match Pin::new(&mut *self.0).poll(cx) {
+            Poll::Ready(out) => Some(out),
+            Poll::Pending => None,
+        })
+    }
+}
+
+/// Everything back: no slot held, nobody queued, and `limit` slots free, no more.
+fn assert_all_back(route: &Arc<RouteLimit>) {
+    route.check();
+    let (limit, held, waiting) = route.snapshot();
+    assert!((1..=MAX_LIMIT).contains(&limit), "limit {limit}");
+    assert_eq!((held, waiting), (0, 0), "every slot back, every wait over");
+    let mut taken = Vec::new();
+    while let Some(slot) = route.try_admit() {
+        taken.push(slot);
+    }
+    assert_eq!(taken.len() as u32, limit, "no slot lost nor minted");
+    drop(taken);
+    assert_eq!(route.held(), 0);
+}
+
+/// One execution: four threads around one route that starts at a limit of two.
+fn scenario() {
+    let route = Arc::new(RouteLimit::new());
+    route.set_limit(2);
+    let mut threads = Vec::new();
+
+    // Waits its turn twice, holding the slot across a yield.
+    let r = route.clone();
+    threads.push(thread::spawn(move || {
+        for _ in 0..2 {
+            let slot = block_on(r.admit());
+            r.check();
+            thread::yield_now();
+            drop(slot);
+            r.check();
+        }
+    }));
+
+    // Takes a slot at once if it can; then queues and gives up, once before its wait could
+    // be granted and once after a yield (granted meanwhile, or not).
+    let r = route.clone();
+    threads.push(thread::spawn(move || {
+        if let Some(slot) = r.try_admit() {
+            thread::yield_now();
+            drop(slot);
+        }
+        let mut wait = r.admit();
+        let early = block_on(PollOnce(&mut wait));
+        drop(wait);
+        drop(early);
+        r.check();
+        let mut wait = r.admit();
+        let got = block_on(PollOnce(&mut wait));
+        thread::yield_now();
+        drop(got);
+        drop(wait);
+        r.check();
+    }));
+
+    // Moves the limit: up, down through the learning (a window of collisions), down to one
+    // directly, then up again.
+    let r = route.clone();
+    threads.push(thread::spawn(move || {
+        r.set_limit(3);
+        r.check();
+        for _ in 0..WINDOW_MIN.max(12) {
+            r.record(true);
+        }
+        r.check();
+        r.set_limit(1);
+        thread::yield_now();
+        r.set_limit(2);
+        r.check();
+    }));
+
+    // One more plain waiter, so that hand-offs have someone behind them.
+    let r = route.clone();
+    threads.push(thread::spawn(move || {
+        let slot = block_on(r.admit());
+        thread::yield_now();
+        drop(slot);
+    }));
+
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_all_back(&route);
+}
+
+#[test]
+fn random_schedules_never_lose_a_slot() {
+    shuttle::check_random(scenario, 10_000);
+}
+
+#[test]
+fn pct_schedules_never_lose_a_slot() {
+    shuttle::check_pct(scenario, 10_000, 3);
+}
+
+/// The earlier design, as far as its accounting goes: a semaphore of permits, a lowering that
+/// adds a debt, retires the free permits and subtracts what it retired (under the learning's
+/// lock), and a permit's return that pays the debt without that lock.
+mod old_design {
+    use shuttle::sync::Mutex;
+    use shuttle::sync::atomic::{AtomicU32, Ordering};
+
+    pub(super) struct Route {
+        pub(super) permits: Mutex<u32>,
+        pub(super) debt: AtomicU32,
+        pub(super) limit: Mutex<u32>,
+    }
+
+    pub(super) struct Permit<'a>(&'a Route);
+
+    impl Route {
+        pub(super) fn new(limit: u32) -> Self {
+            Self {
+                permits: Mutex::new(limit),
+                debt: AtomicU32::new(0),
+                limit: Mutex::new(limit),
+            }
+        }
+
+        pub(super) fn try_admit(&self) -> Option<Permit<'_>> {
+            let mut p = self.permits.lock().unwrap();
+            (*p > 0).then(|| {
+                *p -= 1;
+                Permit(self)
+            })
+        }
+
+        pub(super) fn lower(&self, by: u32) {
+            let mut limit = self.limit.lock().unwrap();
+            self.debt.fetch_add(by, Ordering::AcqRel);
+            let retired = {
+                let mut p = self.permits.lock().unwrap();
+                let retired = by.min(*p);
+                *p -= retired;
+                retired
+            };
+            self.debt.fetch_sub(retired, Ordering::AcqRel);
+            *limit -= by;
+        }
+    }
+
+    impl Drop for Permit<'_> {
+        fn drop(&mut self) {
+            let pay = self
+                .0
+                .debt
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |d| d.checked_sub(1))
+                .is_ok();
+            if !pay {
+                *self.0.permits.lock().unwrap() += 1;
+            }
+        }
+    }
+}
+
+#[test]
+fn the_model_finds_the_earlier_design_losing_slots() {
+    let found = std::panic::catch_unwind(|| {
+        shuttle::check_random(
+            || {
+                let route = std::sync::Arc::new(old_design::Route::new(2));
+                let r = route.clone();
+                let worker = thread::spawn(move || {
+                    let slot = r.try_admit();
+                    thread::yield_now();
+                    drop(slot);
+                });
+                route.lower(1);
+                worker.join().unwrap();
+                let free = *route.permits.lock().unwrap();
+                let limit = *route.limit.lock().unwrap();
+                assert_eq!(free, limit, "every permit back");
+            },
+            3000,
+        );
+    });
+    assert!(found.is_err(), "the checker finds the lost slot");
+}
