@@ -103,8 +103,22 @@
 //! | `metrics` | metrics through the [`metrics`](https://docs.rs/metrics) facade |
 //! | `sqlite` | deprecated alias of `sqlx` |
 //!
-//! The README has the rest: where the layer sits among other layers, the SQLite settings to
-//! pair it with, a demonstration under load, and moving to PostgreSQL or MySQL.
+//! # Semver and dependencies
+//!
+//! Some dependencies are public, their types in this crate's API: `http`, `http-body` and
+//! `bytes` (1.x); `tower-layer` and `tower-service` (0.3); `tower` 0.5 (the retry
+//! [`Budget`](tower::retry::budget::Budget) a policy takes, `BoxError`); `tracing` 0.1 (the
+//! `Level` of [`RetryPolicy::replay_event_level`]); and, with their features, `axum` 0.8,
+//! sqlx 0.9 and 0.8, rusqlite (0.14 to 0.43) and libsql 0.10 (`From` impls and classifiers).
+//! Moving to a new breaking version of any of them is a breaking release of this crate. CI
+//! checks the list with `cargo-check-external-types`. The minimum supported Rust version is
+//! 1.94 (that of sqlx 0.9), checked in CI; raising it is a minor release.
+//!
+//! The [README] has the rest: where the layer sits among other layers, the SQLite settings to
+//! pair it with, a demonstration under load, the dependency line for each stack, and moving to
+//! PostgreSQL or MySQL.
+//!
+//! [README]: https://github.com/tower-sqlite-retry/tower-sqlite-retry#readme
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod admission;

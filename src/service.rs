@@ -58,12 +58,22 @@ impl<S> SqliteRetry<S> {
     ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
     /// });
     /// let mut service = SqliteRetry::new(inner, RetryPolicy::default());
-    /// let _inner = service.get_mut();
+    /// let _: &mut _ = service.get_mut();
+    /// let inner = service.into_inner();
+    ///
+    /// // the same, through the layer
+    /// use tower::Layer;
+    /// let service = SqliteRetry::layer(RetryPolicy::default()).layer(inner);
+    /// # let _ = service;
     /// ```
     pub fn new(inner: S, policy: RetryPolicy) -> Self {
         SqliteRetryLayer::new(policy).layer(inner)
     }
+}
 
+// `layer` takes no service, so it lives on one concrete type: `SqliteRetry::layer(policy)`
+// then needs no type annotation.
+impl SqliteRetry<()> {
     /// A layer that wraps services in `SqliteRetry` with this policy:
     /// [`SqliteRetryLayer::new`].
     ///

@@ -496,6 +496,61 @@ async fn contention_driver_without_the_layer_fails_requests_but_keeps_data_consi
     assert_eq!(report.integrity.rows, report.integrity.acknowledged);
 }
 
+/// The demonstration's two runs on a small scenario: `clients` clients, `write_ratio` writes.
+async fn both_runs(clients: usize, write_ratio: f64) -> (driver::Report, driver::Report) {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, retry| {
+        let mut s = scenario(&dir, name, retry);
+        (s.clients, s.requests, s.write_ratio) = (clients, 40, write_ratio);
+        driver::run(s)
+    };
+    let without = run("without-layer", None).await.unwrap();
+    let with = run(
+        "with-layer",
+        Some(RetryPolicies::both(RetryPolicy::default())),
+    )
+    .await
+    .unwrap();
+    (without, with)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demonstration_without_contention_is_not_a_pass() {
+    // One client: one request at a time, so nothing can collide, with or without the layer.
+    let (without, with) = both_runs(1, 0.7).await;
+    assert_eq!((without.failures(), with.failures()), (0, 0));
+    assert!(without.writes > 0);
+    assert_eq!(
+        driver::verdict(&without, &with),
+        driver::Verdict::NoContention
+    );
+
+    // The same runs, had the one without the layer failed a request: a pass.
+    let mut failed = without.clone();
+    failed.status_2xx -= 1;
+    failed.status_5xx += 1;
+    assert_eq!(driver::verdict(&failed, &with), driver::Verdict::Pass);
+    // ... and had the one with the layer failed one too: a failure, whatever happened without.
+    let mut with_failed = with.clone();
+    with_failed.status_2xx -= 1;
+    with_failed.status_5xx += 1;
+    assert!(matches!(
+        driver::verdict(&failed, &with_failed),
+        driver::Verdict::Fail(why) if why[0].contains("1 of 40 requests failed with the layer")
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demonstration_without_writes_fails_and_says_why() {
+    let (without, with) = both_runs(8, 0.0).await;
+    assert_eq!((without.writes, with.writes), (0, 0));
+    let verdict = driver::verdict(&without, &with);
+    assert!(
+        matches!(&verdict, driver::Verdict::Fail(why) if why.iter().any(|w| w.contains("no POST /items was sent"))),
+        "{verdict:?}"
+    );
+}
+
 #[tokio::test]
 async fn integrity_check_catches_lost_doubled_and_phantom_rows() {
     let t = test_app(None).await;

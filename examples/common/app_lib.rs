@@ -711,8 +711,8 @@ pub(crate) fn router(
 }
 
 /// [`router`], and with `write_limit` tower's `ConcurrencyLimitLayer` inside the write route's
-/// retry layer (the README's "queue the writers" recipe): at most that many `POST /items`
-/// handlers run at once, replays included. Ignored without `retry`.
+/// retry layer (`--config layer-queue`, the writers queued by hand): at most that many
+/// `POST /items` handlers run at once, replays included. Ignored without `retry`.
 pub(crate) fn router_with(
     db: Db,
     retry: Option<RetryPolicies>,

@@ -122,6 +122,48 @@ impl Report {
     }
 }
 
+/// What the two runs of the demonstration show together.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "verdict", content = "reasons", rename_all = "snake_case")]
+pub(crate) enum Verdict {
+    /// The run without the layer failed requests; with it none failed, nothing lost or doubled.
+    Pass,
+    /// Nothing failed with the layer, but nothing failed without it either: no contention was
+    /// shown, so the run says nothing about the layer.
+    NoContention,
+    /// Why the demonstration failed: requests failed with the layer, rows were lost or
+    /// doubled, or nothing could contend (no writes).
+    Fail(Vec<String>),
+}
+
+/// Judges the run without the layer against the run with it.
+pub(crate) fn verdict(without: &Report, with: &Report) -> Verdict {
+    let mut why = Vec::new();
+    if with.writes == 0 || without.writes == 0 {
+        why.push("no POST /items was sent, so nothing could contend".to_string());
+    }
+    if with.failures() > 0 {
+        why.push(format!(
+            "{} of {} requests failed with the layer (statuses {:?})",
+            with.failures(),
+            with.requests,
+            with.statuses
+        ));
+    }
+    for r in [without, with] {
+        if !r.integrity.ok {
+            why.push(format!("the run {} lost or doubled rows", r.label));
+        }
+    }
+    if !why.is_empty() {
+        Verdict::Fail(why)
+    } else if without.failures() == 0 {
+        Verdict::NoContention
+    } else {
+        Verdict::Pass
+    }
+}
+
 /// One instance's share of a run: what its clients saw, and its own layers' counters.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct InstanceReport {
