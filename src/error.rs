@@ -6,6 +6,13 @@ use std::fmt;
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 
+#[cfg(any(
+    feature = "sqlx",
+    feature = "sqlx-0_8",
+    feature = "rusqlite",
+    feature = "libsql"
+))]
+use crate::classify::Constraint;
 use crate::classify::{Retryable, database_detail};
 
 /// A handler error for database-backed axum services.
@@ -18,8 +25,12 @@ use crate::classify::{Retryable, database_detail};
 /// | error | status | body |
 /// |---|---|---|
 /// | retryable (`classify`, `classify_sqlx_0_8`, `classify_rusqlite`, `classify_libsql`) | `503 Service Unavailable` and the [`Retryable`] marker that makes the layer replay the request (when the layer gives up it adds `Retry-After`, unless the handler fenced) | `service busy, retry later` |
-/// | constraint violation | `409 Conflict` | `conflict` |
-/// | anything else | `500 Internal Server Error` | `internal error` |
+/// | unique, primary key, foreign key or exclusion violation (a conflict with other rows) | `409 Conflict` | `conflict` |
+/// | NOT NULL or CHECK violation (the request's own content) | `422 Unprocessable Content` | `invalid input` |
+/// | anything else (SQLite's DATATYPE included: the server's own binding) | `500 Internal Server Error` | `internal error` |
+///
+/// The constraint kinds of each database are in the [`classify`](mod@crate::classify)
+/// module's tables, with why each status (RFC 9110).
 ///
 /// The body never carries SQL, codes or messages: those go to `tracing` (target
 /// `tower_sqlite_retry`, event `db error`), where operators can see them.
@@ -70,6 +81,7 @@ pub struct DbError {
 enum Kind {
     Retryable(Retryable),
     Conflict,
+    Invalid,
     Internal,
 }
 
@@ -93,6 +105,7 @@ impl DbError {
         match self.kind {
             Kind::Retryable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Kind::Conflict => StatusCode::CONFLICT,
+            Kind::Invalid => StatusCode::UNPROCESSABLE_ENTITY,
             Kind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -128,13 +141,14 @@ impl DbError {
     ))]
     fn classified(
         retryable: Option<Retryable>,
-        conflict: bool,
+        constraint: Option<Constraint>,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Self {
-        let kind = match retryable {
-            Some(r) => Kind::Retryable(r),
-            None if conflict => Kind::Conflict,
-            None => Kind::Internal,
+        let kind = match (retryable, constraint) {
+            (Some(r), _) => Kind::Retryable(r),
+            (None, Some(Constraint::Conflict)) => Kind::Conflict,
+            (None, Some(Constraint::Invalid)) => Kind::Invalid,
+            (None, Some(Constraint::Internal) | None) => Kind::Internal,
         };
         Self {
             kind,
@@ -150,8 +164,8 @@ impl DbError {
 impl From<sqlx::Error> for DbError {
     fn from(error: sqlx::Error) -> Self {
         let retryable = crate::classify(&error);
-        let conflict = crate::is_constraint_violation(&error);
-        Self::classified(retryable, conflict, error)
+        let constraint = crate::classify::sqlx_constraint(&error);
+        Self::classified(retryable, constraint, error)
     }
 }
 
@@ -162,8 +176,8 @@ impl From<sqlx::Error> for DbError {
 impl From<sqlx_0_8::Error> for DbError {
     fn from(error: sqlx_0_8::Error) -> Self {
         let retryable = crate::classify_sqlx_0_8(&error);
-        let conflict = crate::is_constraint_violation_sqlx_0_8(&error);
-        Self::classified(retryable, conflict, error)
+        let constraint = crate::classify::sqlx08_constraint(&error);
+        Self::classified(retryable, constraint, error)
     }
 }
 
@@ -174,8 +188,8 @@ impl From<sqlx_0_8::Error> for DbError {
 impl From<rusqlite::Error> for DbError {
     fn from(error: rusqlite::Error) -> Self {
         let retryable = crate::classify_rusqlite(&error);
-        let conflict = crate::is_constraint_violation_rusqlite(&error);
-        Self::classified(retryable, conflict, error)
+        let constraint = crate::classify::rusqlite_constraint(&error);
+        Self::classified(retryable, constraint, error)
     }
 }
 
@@ -186,8 +200,8 @@ impl From<rusqlite::Error> for DbError {
 impl From<libsql::Error> for DbError {
     fn from(error: libsql::Error) -> Self {
         let retryable = crate::classify_libsql(&error);
-        let conflict = crate::is_constraint_violation_libsql(&error);
-        Self::classified(retryable, conflict, error)
+        let constraint = crate::classify::libsql_constraint(&error);
+        Self::classified(retryable, constraint, error)
     }
 }
 
@@ -205,6 +219,7 @@ impl fmt::Display for DbError {
         match &self.kind {
             Kind::Retryable(r) => write!(f, "retryable database error {r}: {}", self.source),
             Kind::Conflict => write!(f, "constraint violation: {}", self.source),
+            Kind::Invalid => write!(f, "constraint violation (invalid input): {}", self.source),
             Kind::Internal => write!(f, "database error: {}", self.source),
         }
     }
@@ -246,6 +261,11 @@ impl DbError {
                 error.message = %message,
                 "db error (conflict)"
             ),
+            Kind::Invalid => tracing::event!(target: "tower_sqlite_retry", tracing::Level::INFO,
+                db.response.status_code = %code,
+                error.message = %message,
+                "db error (invalid input)"
+            ),
             Kind::Internal => tracing::event!(target: "tower_sqlite_retry", tracing::Level::ERROR,
                 db.response.status_code = %code,
                 error.message = %message,
@@ -255,6 +275,7 @@ impl DbError {
         let body = match self.kind {
             Kind::Retryable(_) => "service busy, retry later",
             Kind::Conflict => "conflict",
+            Kind::Invalid => "invalid input",
             Kind::Internal => "internal error",
         };
         let mut res = http::Response::new(B::from(body));

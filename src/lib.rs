@@ -110,7 +110,7 @@
 mod admission;
 mod attempt;
 pub mod body;
-mod classify;
+pub mod classify;
 mod decide;
 mod error;
 pub mod future;

@@ -15,7 +15,7 @@ use tower_sqlite_retry::{DbError, Retryable, classify, is_constraint_violation};
 
 use common::{TestDb, assert_no_db_detail};
 
-fn code(err: &sqlx::Error) -> String {
+fn code_of(err: &sqlx::Error) -> String {
     err.as_database_error()
         .and_then(|d| d.code())
         .map(|c| c.into_owned())
@@ -66,7 +66,7 @@ async fn real_busy_snapshot(db: &TestDb) -> sqlx::Error {
 async fn busy_is_retryable() {
     let db = TestDb::new();
     let err = real_busy(&db).await;
-    assert_eq!(code(&err), "5");
+    assert_eq!(code_of(&err), "5");
     let r = classify(&err).expect("SQLITE_BUSY is retryable");
     assert_eq!((r.code(), r.name()), ("5", "SQLITE_BUSY"));
 }
@@ -75,7 +75,7 @@ async fn busy_is_retryable() {
 async fn busy_snapshot_is_retryable() {
     let db = TestDb::new();
     let err = real_busy_snapshot(&db).await;
-    assert_eq!(code(&err), "517");
+    assert_eq!(code_of(&err), "517");
     let r = classify(&err).expect("SQLITE_BUSY_SNAPSHOT is retryable");
     assert_eq!(r.name(), "SQLITE_BUSY_SNAPSHOT");
 }
@@ -92,7 +92,7 @@ async fn constraint_violation_is_not_retryable() {
         .execute(&pool)
         .await
         .unwrap_err();
-    assert_eq!(code(&err), "2067");
+    assert_eq!(code_of(&err), "2067");
     assert!(classify(&err).is_none());
     assert!(is_constraint_violation(&err));
 
@@ -100,7 +100,7 @@ async fn constraint_violation_is_not_retryable() {
         .execute(&pool)
         .await
         .unwrap_err();
-    assert_eq!(code(&err), "1299");
+    assert_eq!(code_of(&err), "1299");
     assert!(classify(&err).is_none());
     assert!(is_constraint_violation(&err));
 }
@@ -134,7 +134,7 @@ async fn other_errors_are_not_retryable() {
         .execute(&pool)
         .await
         .unwrap_err();
-    assert_eq!(code(&err), "1");
+    assert_eq!(code_of(&err), "1");
     assert!(classify(&err).is_none());
     assert!(!is_constraint_violation(&err));
     assert!(classify(&sqlx::Error::RowNotFound).is_none());
@@ -248,4 +248,75 @@ async fn sqlx_sqlite_errors_debug_as_sqlite_error() {
     let err = real_busy(&db).await;
     let debug = format!("{:?}", err.as_database_error().unwrap());
     assert!(debug.starts_with("SqliteError { "), "{debug}");
+}
+
+/// Every kind of SQLite constraint, real errors on a real file, answered per kind: `409` for
+/// a conflict with other rows (UNIQUE, PRIMARY KEY, FOREIGN KEY), `422` for the request's own
+/// content (NOT NULL, CHECK), `500` for a STRICT table's DATATYPE (the server's binding).
+/// Never retryable, always a constraint violation, never any database detail in the body.
+#[tokio::test]
+async fn constraints_are_answered_per_kind() {
+    let db = TestDb::new();
+    let pool = db.pool(1, Duration::ZERO).await;
+    sqlx::raw_sql(
+        "CREATE TABLE parent (id INTEGER PRIMARY KEY);
+         INSERT INTO parent (id) VALUES (1);
+         CREATE TABLE child (
+             id INTEGER PRIMARY KEY,
+             code TEXT NOT NULL UNIQUE,
+             qty INTEGER NOT NULL CHECK (qty >= 0),
+             parent INTEGER REFERENCES parent (id)
+         ) STRICT;
+         INSERT INTO child (id, code, qty, parent) VALUES (1, 'a', 1, 1);",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    for (statement, code, status, body) in [
+        (
+            "INSERT INTO child (id, code, qty) VALUES (2, 'a', 1)",
+            "2067",
+            StatusCode::CONFLICT,
+            "conflict",
+        ),
+        (
+            "INSERT INTO child (id, code, qty) VALUES (1, 'b', 1)",
+            "1555",
+            StatusCode::CONFLICT,
+            "conflict",
+        ),
+        (
+            "INSERT INTO child (id, code, qty, parent) VALUES (3, 'c', 1, 99)",
+            "787",
+            StatusCode::CONFLICT,
+            "conflict",
+        ),
+        (
+            "INSERT INTO child (id, code, qty) VALUES (4, NULL, 1)",
+            "1299",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid input",
+        ),
+        (
+            "INSERT INTO child (id, code, qty) VALUES (5, 'e', -1)",
+            "275",
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid input",
+        ),
+        (
+            "INSERT INTO child (id, code, qty) VALUES (6, 'f', 'many')",
+            "3091",
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal error",
+        ),
+    ] {
+        let err = sqlx::query(statement).execute(&pool).await.unwrap_err();
+        assert_eq!(code_of(&err), code, "{statement}");
+        assert!(classify(&err).is_none(), "{statement}");
+        assert!(is_constraint_violation(&err), "{statement}");
+        let res = DbError::from(err).into_response();
+        assert_eq!(res.status(), status, "{statement}");
+        assert!(res.extensions().get::<Retryable>().is_none());
+        assert_eq!(body_text(res).await, body, "{statement}");
+    }
 }

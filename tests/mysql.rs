@@ -577,28 +577,65 @@ async fn classifier_and_db_error_on_real_driver_errors() {
         let status = DbError::from(err).status();
         assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{number}");
     }
-    // Constraint violations, the real things: duplicate key (1062), NOT NULL (1048), CHECK
-    // (MariaDB 4025 / MySQL 3819).
+    // Constraint violations, the real things: duplicate key (1062) and foreign key (1452):
+    // 409; NOT NULL (1048) and CHECK (MariaDB 4025 / MySQL 3819): 422.
     let t = &fx.table;
-    sqlx::query(sql(format!(
-        "ALTER TABLE {t} ADD CONSTRAINT {t}_v_nonneg CHECK (v >= 0)"
-    )))
-    .execute(&fx.pool)
-    .await
-    .unwrap();
     for statement in [
-        format!("INSERT INTO {t} (id, v) VALUES (1, 0)"),
-        format!("INSERT INTO {t} (id, v) VALUES (2, NULL)"),
-        format!("INSERT INTO {t} (id, v) VALUES (3, -1)"),
+        format!("ALTER TABLE {t} ADD CONSTRAINT {t}_v_nonneg CHECK (v >= 0)"),
+        format!("ALTER TABLE {t} ADD COLUMN parent INT NULL"),
+        format!(
+            "ALTER TABLE {t} ADD CONSTRAINT {t}_parent FOREIGN KEY (parent) REFERENCES {t} (id)"
+        ),
+    ] {
+        sqlx::query(sql(statement)).execute(&fx.pool).await.unwrap();
+    }
+    for (statement, numbers, status) in [
+        (
+            format!("INSERT INTO {t} (id, v) VALUES (1, 0)"),
+            &[1062][..],
+            StatusCode::CONFLICT,
+        ),
+        (
+            format!("INSERT INTO {t} (id, v, parent) VALUES (5, 0, 99)"),
+            &[1452],
+            StatusCode::CONFLICT,
+        ),
+        (
+            format!("INSERT INTO {t} (id, v) VALUES (2, NULL)"),
+            &[1048],
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            format!("INSERT INTO {t} (id, v) VALUES (3, -1)"),
+            &[4025, 3819],
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
     ] {
         let err = sqlx::query(sql(statement.clone()))
             .execute(&fx.pool)
             .await
             .unwrap_err();
+        let number = err
+            .as_database_error()
+            .unwrap()
+            .downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .number();
+        assert!(numbers.contains(&number), "{statement}: {number}");
         assert!(classify(&err).is_none(), "{statement}");
         assert!(is_constraint_violation(&err), "{statement}: {err}");
-        assert_eq!(DbError::from(err).status(), StatusCode::CONFLICT);
+        assert_eq!(DbError::from(err).status(), status, "{statement}");
     }
+    // A value of the wrong type (strict mode, 1366) is no constraint: the server's own
+    // binding, 500.
+    let err = sqlx::query(sql(format!("INSERT INTO {t} (id, v) VALUES (4, 'abc')")))
+        .execute(&fx.pool)
+        .await
+        .unwrap_err();
+    assert!(!is_constraint_violation(&err), "{err}");
+    assert_eq!(
+        DbError::from(err).status(),
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
     // SQLSTATE 23000 that is not a constraint violation: an ambiguous column (1052).
     let err = sqlx::query(sql(format!("SELECT id FROM {t} a JOIN {t} b")))
         .execute(&fx.pool)

@@ -72,7 +72,10 @@ macro_rules! sqlx_binding {
             #[cfg(feature = "mysql")]
             if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
                 return Coded {
-                    backend: Backend::MySql(my.number()),
+                    backend: Backend::MySql {
+                        number: my.number(),
+                        sqlstate: my.code(),
+                    },
                     message,
                 };
             }
@@ -88,6 +91,19 @@ macro_rules! sqlx_binding {
                 None => Backend::Unknown(code),
             };
             Coded { backend, message }
+        }
+
+        /// What kind of constraint violation a sqlx error is, if one: the database's table
+        /// decides; for a database whose table is not compiled in, sqlx's `ErrorKind`.
+        fn constraint_of(error: &sqlx::Error) -> Option<Constraint> {
+            let sqlx::Error::Database(db) = error else {
+                return None;
+            };
+            let coded = coded(db.as_ref());
+            match coded.backend {
+                Backend::Unknown(_) => kind_constraint(db.kind()),
+                _ => coded.constraint(),
+            }
         }
 
         /// The code and message of a sqlx database error, for [`DbError`](crate::DbError)'s
@@ -123,6 +139,15 @@ pub use self::sqlite::{classify_sqlite_code, sqlite_code_name};
 pub use self::sqlx::{classify, is_constraint_violation};
 #[cfg(feature = "sqlx-0_8")]
 pub use self::sqlx08::{classify_sqlx_0_8, is_constraint_violation_sqlx_0_8};
+
+#[cfg(feature = "libsql")]
+pub(crate) use self::libsql::constraint as libsql_constraint;
+#[cfg(feature = "rusqlite")]
+pub(crate) use self::rusqlite::constraint as rusqlite_constraint;
+#[cfg(feature = "sqlx")]
+pub(crate) use self::sqlx::constraint as sqlx_constraint;
+#[cfg(feature = "sqlx-0_8")]
+pub(crate) use self::sqlx08::constraint as sqlx08_constraint;
 
 /// The response extension that asks the layer to replay the request, and says why.
 ///
@@ -270,8 +295,12 @@ pub(crate) enum Backend<'a> {
     Sqlite(i32),
     /// PostgreSQL's SQLSTATE.
     Postgres(&'a str),
-    /// MySQL's or MariaDB's server error number.
-    MySql(u16),
+    /// MySQL's or MariaDB's server error number, and the SQLSTATE the server sent with it
+    /// (which tells MariaDB's `4025` from MySQL's).
+    MySql {
+        number: u16,
+        sqlstate: Option<&'a str>,
+    },
     /// A database whose table is not compiled in (its feature is off), with the code the
     /// driver gave, if any: never retryable.
     Unknown(Option<Cow<'a, str>>),
@@ -289,18 +318,18 @@ impl Coded<'_> {
         match &self.backend {
             Backend::Sqlite(code) => classify_sqlite_code(*code, self.message),
             Backend::Postgres(sqlstate) => classify_postgres_code(sqlstate),
-            Backend::MySql(number) => classify_mysql_code(*number),
+            Backend::MySql { number, .. } => classify_mysql_code(*number),
             Backend::Unknown(_) => None,
         }
     }
 
-    /// Whether the code is a constraint violation. The sqlx bindings also ask the driver's
-    /// `ErrorKind`, which is how MySQL's constraint numbers are told.
-    pub(crate) fn is_constraint(&self) -> bool {
+    /// What kind of constraint violation the code is, if one, by the database's table.
+    pub(crate) fn constraint(&self) -> Option<Constraint> {
         match &self.backend {
-            Backend::Sqlite(code) => sqlite::is_sqlite_constraint(*code),
-            Backend::Postgres(sqlstate) => postgres::is_postgres_constraint(sqlstate),
-            Backend::MySql(_) | Backend::Unknown(_) => false,
+            Backend::Sqlite(code) => sqlite::sqlite_constraint(*code),
+            Backend::Postgres(sqlstate) => postgres::postgres_constraint(sqlstate),
+            Backend::MySql { number, sqlstate } => mysql::mysql_constraint(*number, *sqlstate),
+            Backend::Unknown(_) => None,
         }
     }
 
@@ -310,10 +339,37 @@ impl Coded<'_> {
         match &self.backend {
             Backend::Sqlite(code) => code.to_string(),
             Backend::Postgres(sqlstate) => (*sqlstate).to_owned(),
-            Backend::MySql(number) => number.to_string(),
+            Backend::MySql { number, .. } => number.to_string(),
             Backend::Unknown(code) => code.as_deref().unwrap_or_default().to_owned(),
         }
     }
+}
+
+/// What a constraint violation says about the request, and so the status
+/// [`DbError`](crate::DbError) answers it with (RFC 9110; see the tables in the module's
+/// documentation for each database's codes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(
+    not(any(
+        feature = "sqlx",
+        feature = "sqlx-0_8",
+        feature = "rusqlite",
+        feature = "libsql"
+    )),
+    allow(dead_code)
+)]
+pub(crate) enum Constraint {
+    /// UNIQUE, PRIMARY KEY, FOREIGN KEY, EXCLUSION (or a constraint whose kind the code does
+    /// not say): the request conflicts with the current state of the data, other rows; the
+    /// same request can succeed once that state changes. `409 Conflict` (§15.5.10).
+    Conflict,
+    /// NOT NULL, CHECK: the request's own content breaks a rule declared on the data, whatever
+    /// the state; only a different request can pass. `422 Unprocessable Content` (§15.5.21).
+    Invalid,
+    /// DATATYPE (and SQLite's `SQLITE_CONSTRAINT_PINNED`): the server's code bound a value of
+    /// a type its schema refuses, or broke an invariant of its own; a typed binding decides
+    /// the type, not the client. `500 Internal Server Error` (§15.6.1).
+    Internal,
 }
 
 /// The code and the message of a database error that [`DbError`](crate::DbError) holds, for
