@@ -13,7 +13,7 @@ use http::StatusCode;
     feature = "libsql"
 ))]
 use crate::classify::Constraint;
-use crate::classify::{Retryable, database_detail};
+use crate::classify::{Detail, Retryable, database_detail};
 
 /// A handler error for database-backed axum services.
 ///
@@ -32,8 +32,21 @@ use crate::classify::{Retryable, database_detail};
 /// The constraint kinds of each database are in the [`classify`](mod@crate::classify)
 /// module's tables, with why each status (RFC 9110).
 ///
-/// The body never carries SQL, codes or messages: those go to `tracing` (target
-/// `tower_sqlite_retry`, event `db error`), where operators can see them.
+/// The body never carries SQL, codes or messages. `tracing` gets them (target
+/// `tower_sqlite_retry`), as much as each answer needs and no more of the client's data:
+///
+/// | answer | event | level | fields |
+/// |---|---|---|---|
+/// | `503` (replayed by the layer) | `db error (retryable)` | DEBUG | `db.response.status_code`, `db.error.name` |
+/// | `409` | `db error (conflict)` | INFO | `db.response.status_code`, `db.error.name`, `db.constraint` and `db.table` (when the driver names them: PostgreSQL) |
+/// | `422` | `db error (invalid input)` | INFO | as `409` |
+/// | `500` | `db error` | ERROR | `db.response.status_code`, `db.error.name`, `error.message` |
+///
+/// The database's message is left out of the events of what the client caused: it can quote
+/// the client's values (MySQL's `Duplicate entry 'alice@example.com' for key ...`). An
+/// application that wants it turns on the event `db error message` (target
+/// `tower_sqlite_retry::db_message`, level TRACE; `RUST_LOG=tower_sqlite_retry::db_message=trace`),
+/// which carries `db.response.status_code` and `error.message` for every `DbError`.
 ///
 #[cfg_attr(feature = "sqlx", doc = "```")]
 #[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
@@ -245,30 +258,45 @@ impl DbError {
     /// ```
     pub fn into_http_response<B: From<&'static str>>(self) -> http::Response<B> {
         let status = self.status();
-        let (code, message) = database_detail(self.source.as_ref())
-            .unwrap_or_else(|| (String::new(), self.source.to_string()));
+        let detail = database_detail(self.source.as_ref()).unwrap_or_else(|| Detail {
+            message: self.source.to_string(),
+            ..Detail::default()
+        });
+        // The database's message may quote the client's values (MySQL's `Duplicate entry
+        // 'alice@example.com' for key ...`): it goes to an event of its own, at TRACE, under a
+        // target of its own, which an application turns on to see it.
+        tracing::event!(target: "tower_sqlite_retry::db_message", tracing::Level::TRACE,
+            db.response.status_code = %detail.code,
+            error.message = %detail.message,
+            "db error message"
+        );
         match &self.kind {
             Kind::Retryable(r) => {
                 tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
                     db.response.status_code = %r.code(),
                     db.error.name = %r.name(),
-                    error.message = %message,
                     "db error (retryable)"
                 )
             }
             Kind::Conflict => tracing::event!(target: "tower_sqlite_retry", tracing::Level::INFO,
-                db.response.status_code = %code,
-                error.message = %message,
+                db.response.status_code = %detail.code,
+                db.error.name = detail.name,
+                db.constraint = detail.constraint.as_deref(),
+                db.table = detail.table.as_deref(),
                 "db error (conflict)"
             ),
             Kind::Invalid => tracing::event!(target: "tower_sqlite_retry", tracing::Level::INFO,
-                db.response.status_code = %code,
-                error.message = %message,
+                db.response.status_code = %detail.code,
+                db.error.name = detail.name,
+                db.constraint = detail.constraint.as_deref(),
+                db.table = detail.table.as_deref(),
                 "db error (invalid input)"
             ),
+            // The server's own failure: the operator needs the message to fix it.
             Kind::Internal => tracing::event!(target: "tower_sqlite_retry", tracing::Level::ERROR,
-                db.response.status_code = %code,
-                error.message = %message,
+                db.response.status_code = %detail.code,
+                db.error.name = detail.name,
+                error.message = %detail.message,
                 "db error"
             ),
         }

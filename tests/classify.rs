@@ -320,3 +320,86 @@ async fn constraints_are_answered_per_kind() {
         assert_eq!(body_text(res).await, body, "{statement}");
     }
 }
+
+/// Every event of this crate's targets (`tower_sqlite_retry` and below), with its level.
+#[derive(Clone, Default)]
+struct AllEvents(
+    std::sync::Arc<std::sync::Mutex<Vec<(String, tracing::Level, common::EventFields)>>>,
+);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for AllEvents {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Visitor<'a>(&'a mut common::EventFields);
+        impl tracing::field::Visit for Visitor<'_> {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                self.0.insert(field.name().to_owned(), format!("{value:?}"));
+            }
+            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+                self.0.insert(field.name().to_owned(), value.to_owned());
+            }
+        }
+        let meta = event.metadata();
+        if !meta.target().starts_with("tower_sqlite_retry") {
+            return;
+        }
+        let mut fields = common::EventFields::new();
+        event.record(&mut Visitor(&mut fields));
+        self.0
+            .lock()
+            .unwrap()
+            .push((meta.target().to_owned(), *meta.level(), fields));
+    }
+}
+
+/// The conflict's event names the code and its kind, never the database's message (which can
+/// quote the client's values); the message is in an event of its own, at TRACE, under the
+/// target `tower_sqlite_retry::db_message`, for an application that turns it on.
+#[tokio::test]
+async fn conflict_events_carry_codes_and_the_message_only_at_trace() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let db = TestDb::new();
+    let pool = db.pool(1, Duration::ZERO).await;
+    sqlx::query("INSERT INTO items (seq, name) VALUES (7, 'a')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let err = sqlx::query("INSERT INTO items (seq, name) VALUES (7, 'a')")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    let message = err.as_database_error().unwrap().message().to_owned();
+    assert_eq!(message, "UNIQUE constraint failed: items.seq");
+
+    let events = AllEvents::default();
+    let guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(events.clone()));
+    let res = DbError::from(err).into_response();
+    drop(guard);
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+
+    let events = events.0.lock().unwrap().clone();
+    let conflict: Vec<_> = events
+        .iter()
+        .filter(|(_, _, f)| f.get("message").map(String::as_str) == Some("db error (conflict)"))
+        .collect();
+    assert_eq!(conflict.len(), 1, "{events:?}");
+    let (target, level, fields) = conflict[0];
+    assert_eq!(
+        (target.as_str(), *level),
+        ("tower_sqlite_retry", tracing::Level::INFO)
+    );
+    assert_eq!(fields["db.response.status_code"], "2067");
+    assert_eq!(fields["db.error.name"], "SQLITE_CONSTRAINT_UNIQUE");
+    for (_, _, fields) in events.iter().filter(|(t, _, _)| t == "tower_sqlite_retry") {
+        for value in fields.values() {
+            assert!(!value.contains("items.seq"), "message logged: {fields:?}");
+        }
+    }
+    let opted_in: Vec<_> = events
+        .iter()
+        .filter(|(t, _, _)| t == "tower_sqlite_retry::db_message")
+        .collect();
+    assert_eq!(opted_in.len(), 1, "{events:?}");
+    assert_eq!(opted_in[0].1, tracing::Level::TRACE);
+    assert_eq!(opted_in[0].2["error.message"], message);
+}

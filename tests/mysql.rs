@@ -523,6 +523,56 @@ async fn duplicate_entry_is_409_and_never_replayed() {
     fx.drop_table().await;
 }
 
+/// MySQL's duplicate-key message quotes the value (`Duplicate entry 'alice@example.com' for key
+/// ...`): the conflict's event carries the error number and its name, never the message.
+#[tokio::test]
+async fn duplicate_entry_event_carries_no_client_values() {
+    let Some(fx) = fixture(
+        "duplicate_entry_event_carries_no_client_values",
+        "tsr_my_values",
+        0,
+    )
+    .await
+    else {
+        return;
+    };
+    let t = &fx.table;
+    sqlx::query(sql(format!(
+        "ALTER TABLE {t} ADD COLUMN email VARCHAR(100) NULL, ADD UNIQUE KEY {t}_email (email)"
+    )))
+    .execute(&fx.pool)
+    .await
+    .unwrap();
+    let insert = |id: i32| {
+        sqlx::query(sql(format!(
+            "INSERT INTO {t} (id, v, email) VALUES ({id}, 0, 'alice@example.com')"
+        )))
+        .execute(&fx.pool)
+    };
+    insert(1).await.unwrap();
+    let err = insert(2).await.unwrap_err();
+    let message = err.as_database_error().unwrap().message().to_owned();
+    assert!(message.contains("alice@example.com"), "{message}");
+
+    let (capture, guard) = capture_events();
+    let res = DbError::from(err).into_response();
+    drop(guard);
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    let events = capture.with_message("db error (conflict)");
+    assert_eq!(events.len(), 1, "{:?}", capture.events.lock().unwrap());
+    assert_eq!(events[0]["db.response.status_code"], "1062");
+    assert_eq!(events[0]["db.error.name"], "ER_DUP_ENTRY");
+    for (_, fields) in capture.events.lock().unwrap().iter() {
+        for value in fields.values() {
+            assert!(
+                !value.contains("alice"),
+                "client's value logged: {fields:?}"
+            );
+        }
+    }
+    fx.drop_table().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The classifier and DbError, fed errors raised by the real server and decoded by the driver.
 

@@ -432,6 +432,48 @@ async fn lock_not_available_from_nowait_is_not_replayed() {
     fx.drop_table().await;
 }
 
+/// The conflict's event names the constraint PostgreSQL reports (sqlx's
+/// `DatabaseError::constraint()`) and its table, with the code: what an operator needs,
+/// without the message.
+#[tokio::test]
+async fn conflict_event_names_the_constraint() {
+    let Some(fx) = fixture(
+        "conflict_event_names_the_constraint",
+        "tsr_pg_names",
+        "CREATE TABLE {t} (seq BIGINT PRIMARY KEY, email TEXT UNIQUE)",
+    )
+    .await
+    else {
+        return;
+    };
+    let t = &fx.table;
+    let insert = |seq: i64| {
+        sqlx::query(sql(format!(
+            "INSERT INTO {t} (seq, email) VALUES ({seq}, 'alice@example.com')"
+        )))
+        .execute(&fx.pool)
+    };
+    insert(1).await.unwrap();
+    let err = insert(2).await.unwrap_err();
+    let message = err.as_database_error().unwrap().message().to_owned();
+
+    let (capture, guard) = capture_events();
+    let res = DbError::from(err).into_response();
+    drop(guard);
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    let events = capture.with_message("db error (conflict)");
+    assert_eq!(events.len(), 1, "{:?}", capture.events.lock().unwrap());
+    assert_eq!(events[0]["db.response.status_code"], "23505");
+    assert_eq!(events[0]["db.error.name"], "unique_violation");
+    assert_eq!(events[0]["db.constraint"], format!("{t}_email_key"));
+    assert_eq!(events[0]["db.table"], *t);
+    assert!(
+        !events[0].values().any(|v| v.contains(&message)),
+        "{events:?}"
+    );
+    fx.drop_table().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The classifier and DbError, fed errors raised by the real server and decoded by the driver.
 

@@ -92,11 +92,10 @@ fn coded(error: &libsql::Error) -> Option<Coded<'_>> {
     })
 }
 
-/// The code and message of a libsql error that carries a SQLite code, for
-/// [`DbError`](crate::DbError)'s tracing event.
+/// What [`DbError`](crate::DbError)'s tracing events say of a libsql error that carries a
+/// SQLite code.
 pub(super) fn database_detail(
     error: &(dyn std::error::Error + Send + Sync + 'static),
-) -> Option<(String, String)> {
-    let coded = coded(error.downcast_ref::<libsql::Error>()?)?;
-    Some((coded.code(), coded.message.to_owned()))
+) -> Option<super::Detail> {
+    Some(coded(error.downcast_ref::<libsql::Error>()?)?.detail())
 }

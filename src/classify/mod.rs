@@ -106,14 +106,20 @@ macro_rules! sqlx_binding {
             }
         }
 
-        /// The code and message of a sqlx database error, for [`DbError`](crate::DbError)'s
-        /// tracing event.
+        /// What [`DbError`](crate::DbError)'s tracing events say of a sqlx database error.
         pub(super) fn database_detail(
             error: &(dyn std::error::Error + Send + Sync + 'static),
-        ) -> Option<(String, String)> {
+        ) -> Option<super::Detail> {
             match error.downcast_ref::<sqlx::Error>()? {
                 sqlx::Error::Database(db) => {
-                    Some((coded(db.as_ref()).code(), db.message().to_owned()))
+                    let coded = coded(db.as_ref());
+                    Some(super::Detail {
+                        code: coded.code(),
+                        name: coded.name(),
+                        constraint: db.constraint().map(str::to_owned),
+                        table: db.table().map(str::to_owned),
+                        message: db.message().to_owned(),
+                    })
                 }
                 _ => None,
             }
@@ -333,6 +339,30 @@ impl Coded<'_> {
         }
     }
 
+    /// The code's symbolic name (`SQLITE_CONSTRAINT_UNIQUE`, `unique_violation`,
+    /// `ER_DUP_ENTRY`), or `""` for a database whose table is not compiled in.
+    pub(crate) fn name(&self) -> &'static str {
+        match &self.backend {
+            Backend::Sqlite(code) => sqlite_code_name(*code),
+            Backend::Postgres(sqlstate) => postgres_code_name(sqlstate),
+            Backend::MySql { number, .. } => mysql_code_name(*number),
+            Backend::Unknown(_) => "",
+        }
+    }
+
+    /// What [`DbError`](crate::DbError)'s tracing events say of the error, for the bindings
+    /// whose driver names no constraint (SQLite's).
+    #[cfg_attr(not(any(feature = "rusqlite", feature = "libsql")), allow(dead_code))]
+    pub(crate) fn detail(&self) -> Detail {
+        Detail {
+            code: self.code(),
+            name: self.name(),
+            constraint: None,
+            table: None,
+            message: self.message.to_owned(),
+        }
+    }
+
     /// The code that the tracing schema reports (`db.response.status_code`): SQLite's extended
     /// result code, PostgreSQL's SQLSTATE, MySQL's error number, or what the driver gave.
     pub(crate) fn code(&self) -> String {
@@ -372,11 +402,28 @@ pub(crate) enum Constraint {
     Internal,
 }
 
-/// The code and the message of a database error that [`DbError`](crate::DbError) holds, for
-/// its tracing event; `None` when the error is no driver's database error.
+/// What [`DbError`](crate::DbError)'s tracing events say of a database error.
+#[derive(Debug, Default)]
+pub(crate) struct Detail {
+    /// The database's code (`db.response.status_code`).
+    pub(crate) code: String,
+    /// The code's symbolic name, `""` when unknown.
+    pub(crate) name: &'static str,
+    /// The violated constraint's name, when the driver gives it (PostgreSQL).
+    pub(crate) constraint: Option<String>,
+    /// The table, when the driver gives it (PostgreSQL).
+    pub(crate) table: Option<String>,
+    /// The database's message: may quote the client's values (MySQL's `Duplicate entry
+    /// 'alice@example.com' for key ...`), so never logged above TRACE for what the client
+    /// caused.
+    pub(crate) message: String,
+}
+
+/// What [`DbError`](crate::DbError)'s tracing events say of the error it holds; `None` when
+/// the error is no driver's database error.
 pub(crate) fn database_detail(
     error: &(dyn std::error::Error + Send + Sync + 'static),
-) -> Option<(String, String)> {
+) -> Option<Detail> {
     #[cfg(feature = "sqlx")]
     if let Some(detail) = self::sqlx::database_detail(error) {
         return Some(detail);

@@ -104,12 +104,10 @@ fn coded(error: &rusqlite::Error) -> Option<Coded<'_>> {
     }
 }
 
-/// The code and message of a rusqlite error that carries a SQLite code, for
-/// [`DbError`](crate::DbError)'s tracing event.
+/// What [`DbError`](crate::DbError)'s tracing events say of a rusqlite error that carries a
+/// SQLite code.
 pub(super) fn database_detail(
     error: &(dyn std::error::Error + Send + Sync + 'static),
-) -> Option<(String, String)> {
-    let error = error.downcast_ref::<rusqlite::Error>()?;
-    let coded = coded(error)?;
-    Some((coded.code(), coded.message.to_owned()))
+) -> Option<super::Detail> {
+    Some(coded(error.downcast_ref::<rusqlite::Error>()?)?.detail())
 }
