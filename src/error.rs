@@ -227,13 +227,16 @@ impl fmt::Debug for DbError {
     }
 }
 
+/// What kind of failure, and the retryable code: the source's own text is left to
+/// [`source()`](std::error::Error::source), so that chain printers (anyhow's `{:#}`,
+/// `tracing`'s error fields) show it once.
 impl fmt::Display for DbError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
-            Kind::Retryable(r) => write!(f, "retryable database error {r}: {}", self.source),
-            Kind::Conflict => write!(f, "constraint violation: {}", self.source),
-            Kind::Invalid => write!(f, "constraint violation (invalid input): {}", self.source),
-            Kind::Internal => write!(f, "database error: {}", self.source),
+            Kind::Retryable(r) => write!(f, "retryable database error {r}"),
+            Kind::Conflict => f.write_str("constraint violation"),
+            Kind::Invalid => f.write_str("constraint violation (invalid input)"),
+            Kind::Internal => f.write_str("database error"),
         }
     }
 }

@@ -416,3 +416,107 @@ fn leak_check_accepts_db_error_bodies() {
         assert_no_db_detail(body);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The source-chain classifier, on an application's own error types wrapping real sqlx errors.
+
+#[derive(Debug, thiserror::Error)]
+enum AppError {
+    #[error("database error")]
+    Db(#[from] sqlx::Error),
+    #[error("not found")]
+    NotFound,
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+/// thiserror's `transparent` forwards `source()` past the wrapped error: the chain shows the
+/// sqlx error's database error, not the `sqlx::Error`.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+struct Transparent(#[from] sqlx::Error);
+
+#[tokio::test]
+async fn error_chain_finds_retryable_errors_in_application_errors() {
+    let db = TestDb::new();
+    let code = |e: &(dyn std::error::Error + 'static)| {
+        tower_sqlite_retry::classify_error_chain(e).map(|r| r.code().to_owned())
+    };
+    // A variant with a message of its own: the sqlx error is the first source.
+    let err = AppError::from(real_busy(&db).await);
+    assert_eq!(code(&err).as_deref(), Some("5"));
+    // Behind `transparent`: SQLite's own error, read from the chain.
+    let err = Transparent::from(real_busy(&TestDb::new()).await);
+    assert_eq!(code(&err).as_deref(), Some("5"));
+    let err = Transparent::from(real_busy_snapshot(&TestDb::new()).await);
+    assert_eq!(code(&err).as_deref(), Some("517"));
+    // anyhow, with context, as store code returns it; then inside the app's enum.
+    let report = anyhow::Error::from(real_busy(&TestDb::new()).await).context("saving the item");
+    assert_eq!(code(&*report).as_deref(), Some("5"));
+    let err = AppError::from(report);
+    assert_eq!(code(&err).as_deref(), Some("5"));
+    // A DbError somewhere in the chain answers with its own marker.
+    let report = anyhow::Error::from(DbError::from(sqlx::Error::PoolTimedOut)).context("outer");
+    assert_eq!(code(&*report).as_deref(), Some("pool_timed_out"));
+    let with_context = anyhow::Error::from(real_busy_snapshot(&TestDb::new()).await).context("x");
+    assert_eq!(code(&*with_context).as_deref(), Some("517"));
+}
+
+#[tokio::test]
+async fn error_chain_leaves_other_errors_alone() {
+    let db = TestDb::new();
+    let pool = db.pool(1, Duration::ZERO).await;
+    sqlx::query("INSERT INTO items (seq, name) VALUES (1, 'a')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let unique = || async {
+        sqlx::query("INSERT INTO items (seq, name) VALUES (1, 'a')")
+            .execute(&pool)
+            .await
+            .unwrap_err()
+    };
+    let chain = tower_sqlite_retry::classify_error_chain;
+    assert!(chain(&AppError::from(unique().await)).is_none());
+    assert!(chain(&Transparent::from(unique().await)).is_none());
+    assert!(chain(&*anyhow::Error::from(unique().await).context("x")).is_none());
+    assert!(chain(&AppError::NotFound).is_none());
+    assert!(chain(&AppError::from(sqlx::Error::RowNotFound)).is_none());
+    assert!(chain(&*anyhow::anyhow!("database is locked")).is_none());
+    assert!(chain(&std::io::Error::other("SqliteError { code: 5 }")).is_none());
+}
+
+/// `DbError`'s `Display` leaves its source's text to `source()`: anyhow's `{:#}` (which prints
+/// the chain) shows the database's message once, not twice.
+#[tokio::test]
+async fn db_error_display_leaves_the_source_to_the_chain() {
+    let db = TestDb::new();
+    let pool = db.pool(1, Duration::ZERO).await;
+    sqlx::query("INSERT INTO items (seq, name) VALUES (1, 'a')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let unique = || async {
+        sqlx::query("INSERT INTO items (seq, name) VALUES (1, 'a')")
+            .execute(&pool)
+            .await
+            .unwrap_err()
+    };
+    let err = DbError::from(unique().await);
+    assert_eq!(err.to_string(), "constraint violation");
+    assert!(std::error::Error::source(&err).is_some());
+    // The chain printed through DbError is the sqlx error's chain after DbError's own words:
+    // DbError adds no copy of it.
+    let chained = format!("{:#}", anyhow::Error::from(err));
+    let sqlx_chain = format!("{:#}", anyhow::Error::from(unique().await));
+    assert_eq!(chained, format!("constraint violation: {sqlx_chain}"));
+
+    let busy = DbError::from(real_busy(&db).await);
+    assert_eq!(busy.to_string(), "retryable database error SQLITE_BUSY (5)");
+    let internal = DbError::internal(std::io::Error::other("disk on fire"));
+    assert_eq!(internal.to_string(), "database error");
+    assert_eq!(
+        format!("{:#}", anyhow::Error::from(internal)),
+        "database error: disk on fire"
+    );
+}

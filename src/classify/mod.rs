@@ -35,6 +35,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
+mod chain;
 #[cfg(feature = "libsql")]
 mod libsql;
 mod mysql;
@@ -134,6 +135,7 @@ mod sqlx;
 #[cfg(feature = "sqlx-0_8")]
 mod sqlx08;
 
+pub use self::chain::{classify_error_chain, tag_retryable};
 #[cfg(feature = "libsql")]
 pub use self::libsql::{LibsqlErrors, classify_libsql, is_constraint_violation_libsql};
 pub use self::mysql::{classify_mysql_code, mysql_code_name};
