@@ -48,6 +48,21 @@ use crate::classify::{Detail, Retryable, database_detail};
 /// `tower_sqlite_retry::db_message`, level TRACE; `RUST_LOG=tower_sqlite_retry::db_message=trace`),
 /// which carries `db.response.status_code` and `error.message` for every `DbError`.
 ///
+/// # Logs that do not cry wolf
+///
+/// A replayed attempt's failure is not the client's answer. To log errors only when the answer
+/// is final:
+///
+/// - put tower-http's `TraceLayer` (and any middleware that logs or counts failures by status)
+///   **outside** [`SqliteRetryLayer`](crate::SqliteRetryLayer): it then sees one response per
+///   request, the one the client gets (inside, it sees every attempt, replayed `503`s
+///   included);
+/// - in an application's own `IntoResponse`, do not log a retryable error above DEBUG (the one
+///   that carries the [`Retryable`] marker, see [`tag_retryable`](crate::tag_retryable)): the
+///   layer replays it, and when it gives up it logs `retries exhausted` (ERROR) or
+///   `not retried` (WARN) itself, with the code. `DbError` does so: its retryable event is at
+///   DEBUG, its ERROR event is only for `500`s, which are never replayed.
+///
 #[cfg_attr(feature = "sqlx", doc = "```")]
 #[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
 /// use axum::{extract::State, routing::post, Json, Router};
