@@ -185,7 +185,7 @@ impl DbError {
     }
 }
 
-/// sqlx 0.9: [`classify`](crate::classify), then
+/// sqlx 0.9: [`classify`](fn@crate::classify), then
 /// [`is_constraint_violation`](crate::is_constraint_violation).
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
