@@ -16,7 +16,7 @@ use super::Retryable;
 /// sqlx error holds (PostgreSQL's and MySQL's with their features, SQLite's always), which is
 /// what the chain shows in place of the `sqlx::Error` itself when a wrapper is
 /// `#[error(transparent)]` (thiserror then forwards `source()` past the wrapped error). The
-/// same tables decide as for [`classify`](fn@crate::classify) and the other classifiers. The
+/// same tables decide as for every other classifier (see [the tables](mod@crate::classify)). The
 /// first link that is a database error the tables know answers; a chain without one is `None`.
 ///
 /// `anyhow::Error` and `eyre::Report` dereference to `dyn Error`: pass `&*report` (or
