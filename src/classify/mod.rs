@@ -235,9 +235,11 @@ pub(crate) use self::sqlx08::constraint as sqlx08_constraint;
 /// The response extension that asks the layer to replay the request, and says why.
 ///
 /// [`DbError`](crate::DbError) inserts it for retryable database errors. A handler with its
-/// own error type inserts the marker that its driver's classifier returns (`classify` for sqlx
-/// 0.9, `classify_sqlx_0_8`, `classify_rusqlite`, `classify_libsql`, or a code table such as
-/// [`classify_sqlite_code`] for any other binding):
+/// own error type inserts it with [`tag_retryable`], which finds the database error anywhere in
+/// the error's `source()` chain (see [`classify_error_chain`]), or inserts the marker that its
+/// driver's classifier returns (`classify` for sqlx 0.9, `classify_sqlx_0_8`,
+/// `classify_rusqlite`, `classify_libsql`, or a code table such as [`classify_sqlite_code`]
+/// for any other binding):
 ///
 #[cfg_attr(feature = "sqlx", doc = "```")]
 #[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
