@@ -6,7 +6,14 @@ use std::fmt;
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 
-use crate::classify::{Retryable, database_detail};
+#[cfg(any(
+    feature = "sqlx",
+    feature = "sqlx-0_8",
+    feature = "rusqlite",
+    feature = "libsql"
+))]
+use crate::classify::Constraint;
+use crate::classify::{Detail, Retryable, database_detail};
 
 /// A handler error for database-backed axum services.
 ///
@@ -18,11 +25,43 @@ use crate::classify::{Retryable, database_detail};
 /// | error | status | body |
 /// |---|---|---|
 /// | retryable (`classify`, `classify_sqlx_0_8`, `classify_rusqlite`, `classify_libsql`) | `503 Service Unavailable` and the [`Retryable`] marker that makes the layer replay the request (when the layer gives up it adds `Retry-After`, unless the handler fenced) | `service busy, retry later` |
-/// | constraint violation | `409 Conflict` | `conflict` |
-/// | anything else | `500 Internal Server Error` | `internal error` |
+/// | unique, primary key, foreign key or exclusion violation (a conflict with other rows) | `409 Conflict` | `conflict` |
+/// | NOT NULL or CHECK violation (the request's own content) | `422 Unprocessable Content` | `invalid input` |
+/// | anything else (SQLite's DATATYPE included: the server's own binding) | `500 Internal Server Error` | `internal error` |
 ///
-/// The body never carries SQL, codes or messages: those go to `tracing` (target
-/// `tower_sqlite_retry`, event `db error`), where operators can see them.
+/// The constraint kinds of each database are in the [`classify`](mod@crate::classify)
+/// module's tables, with why each status (RFC 9110).
+///
+/// The body never carries SQL, codes or messages. `tracing` gets them (target
+/// `tower_sqlite_retry`), as much as each answer needs and no more of the client's data:
+///
+/// | answer | event | level | fields |
+/// |---|---|---|---|
+/// | `503` (replayed by the layer) | `db error (retryable)` | DEBUG | `db.response.status_code`, `db.error.name` |
+/// | `409` | `db error (conflict)` | INFO | `db.response.status_code`, `db.error.name`, `db.constraint` and `db.table` (when the driver names them: PostgreSQL) |
+/// | `422` | `db error (invalid input)` | INFO | as `409` |
+/// | `500` | `db error` | ERROR | `db.response.status_code`, `db.error.name`, `error.message` |
+///
+/// The database's message is left out of the events of what the client caused: it can quote
+/// the client's values (MySQL's `Duplicate entry 'alice@example.com' for key ...`). An
+/// application that wants it turns on the event `db error message` (target
+/// `tower_sqlite_retry::db_message`, level TRACE; `RUST_LOG=tower_sqlite_retry::db_message=trace`),
+/// which carries `db.response.status_code` and `error.message` for every `DbError`.
+///
+/// # Logs that do not cry wolf
+///
+/// A replayed attempt's failure is not the client's answer. To log errors only when the answer
+/// is final:
+///
+/// - put tower-http's `TraceLayer` (and any middleware that logs or counts failures by status)
+///   **outside** [`SqliteRetryLayer`](crate::SqliteRetryLayer): it then sees one response per
+///   request, the one the client gets (inside, it sees every attempt, replayed `503`s
+///   included);
+/// - in an application's own `IntoResponse`, do not log a retryable error above DEBUG (the one
+///   that carries the [`Retryable`] marker, see [`tag_retryable`](crate::tag_retryable)): the
+///   layer replays it, and when it gives up it logs `retries exhausted` (ERROR) or
+///   `not retried` (WARN) itself, with the code. `DbError` does so: its retryable event is at
+///   DEBUG, its ERROR event is only for `500`s, which are never replayed.
 ///
 #[cfg_attr(feature = "sqlx", doc = "```")]
 #[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
@@ -70,6 +109,7 @@ pub struct DbError {
 enum Kind {
     Retryable(Retryable),
     Conflict,
+    Invalid,
     Internal,
 }
 
@@ -93,6 +133,7 @@ impl DbError {
         match self.kind {
             Kind::Retryable(_) => StatusCode::SERVICE_UNAVAILABLE,
             Kind::Conflict => StatusCode::CONFLICT,
+            Kind::Invalid => StatusCode::UNPROCESSABLE_ENTITY,
             Kind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -128,13 +169,14 @@ impl DbError {
     ))]
     fn classified(
         retryable: Option<Retryable>,
-        conflict: bool,
+        constraint: Option<Constraint>,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Self {
-        let kind = match retryable {
-            Some(r) => Kind::Retryable(r),
-            None if conflict => Kind::Conflict,
-            None => Kind::Internal,
+        let kind = match (retryable, constraint) {
+            (Some(r), _) => Kind::Retryable(r),
+            (None, Some(Constraint::Conflict)) => Kind::Conflict,
+            (None, Some(Constraint::Invalid)) => Kind::Invalid,
+            (None, Some(Constraint::Internal) | None) => Kind::Internal,
         };
         Self {
             kind,
@@ -143,15 +185,15 @@ impl DbError {
     }
 }
 
-/// sqlx 0.9: [`classify`](crate::classify), then
+/// sqlx 0.9: [`classify`](fn@crate::classify), then
 /// [`is_constraint_violation`](crate::is_constraint_violation).
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 impl From<sqlx::Error> for DbError {
     fn from(error: sqlx::Error) -> Self {
         let retryable = crate::classify(&error);
-        let conflict = crate::is_constraint_violation(&error);
-        Self::classified(retryable, conflict, error)
+        let constraint = crate::classify::sqlx_constraint(&error);
+        Self::classified(retryable, constraint, error)
     }
 }
 
@@ -162,8 +204,8 @@ impl From<sqlx::Error> for DbError {
 impl From<sqlx_0_8::Error> for DbError {
     fn from(error: sqlx_0_8::Error) -> Self {
         let retryable = crate::classify_sqlx_0_8(&error);
-        let conflict = crate::is_constraint_violation_sqlx_0_8(&error);
-        Self::classified(retryable, conflict, error)
+        let constraint = crate::classify::sqlx08_constraint(&error);
+        Self::classified(retryable, constraint, error)
     }
 }
 
@@ -174,8 +216,8 @@ impl From<sqlx_0_8::Error> for DbError {
 impl From<rusqlite::Error> for DbError {
     fn from(error: rusqlite::Error) -> Self {
         let retryable = crate::classify_rusqlite(&error);
-        let conflict = crate::is_constraint_violation_rusqlite(&error);
-        Self::classified(retryable, conflict, error)
+        let constraint = crate::classify::rusqlite_constraint(&error);
+        Self::classified(retryable, constraint, error)
     }
 }
 
@@ -186,8 +228,8 @@ impl From<rusqlite::Error> for DbError {
 impl From<libsql::Error> for DbError {
     fn from(error: libsql::Error) -> Self {
         let retryable = crate::classify_libsql(&error);
-        let conflict = crate::is_constraint_violation_libsql(&error);
-        Self::classified(retryable, conflict, error)
+        let constraint = crate::classify::libsql_constraint(&error);
+        Self::classified(retryable, constraint, error)
     }
 }
 
@@ -200,12 +242,16 @@ impl fmt::Debug for DbError {
     }
 }
 
+/// What kind of failure, and the retryable code: the source's own text is left to
+/// [`source()`](std::error::Error::source), so that chain printers (anyhow's `{:#}`,
+/// `tracing`'s error fields) show it once.
 impl fmt::Display for DbError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
-            Kind::Retryable(r) => write!(f, "retryable database error {r}: {}", self.source),
-            Kind::Conflict => write!(f, "constraint violation: {}", self.source),
-            Kind::Internal => write!(f, "database error: {}", self.source),
+            Kind::Retryable(r) => write!(f, "retryable database error {r}"),
+            Kind::Conflict => f.write_str("constraint violation"),
+            Kind::Invalid => f.write_str("constraint violation (invalid input)"),
+            Kind::Internal => f.write_str("database error"),
         }
     }
 }
@@ -230,31 +276,52 @@ impl DbError {
     /// ```
     pub fn into_http_response<B: From<&'static str>>(self) -> http::Response<B> {
         let status = self.status();
-        let (code, message) = database_detail(self.source.as_ref())
-            .unwrap_or_else(|| (String::new(), self.source.to_string()));
+        let detail = database_detail(self.source.as_ref()).unwrap_or_else(|| Detail {
+            message: self.source.to_string(),
+            ..Detail::default()
+        });
+        // The database's message may quote the client's values (MySQL's `Duplicate entry
+        // 'alice@example.com' for key ...`): it goes to an event of its own, at TRACE, under a
+        // target of its own, which an application turns on to see it.
+        tracing::event!(target: "tower_sqlite_retry::db_message", tracing::Level::TRACE,
+            db.response.status_code = %detail.code,
+            error.message = %detail.message,
+            "db error message"
+        );
         match &self.kind {
             Kind::Retryable(r) => {
                 tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
                     db.response.status_code = %r.code(),
                     db.error.name = %r.name(),
-                    error.message = %message,
                     "db error (retryable)"
                 )
             }
             Kind::Conflict => tracing::event!(target: "tower_sqlite_retry", tracing::Level::INFO,
-                db.response.status_code = %code,
-                error.message = %message,
+                db.response.status_code = %detail.code,
+                db.error.name = detail.name,
+                db.constraint = detail.constraint.as_deref(),
+                db.table = detail.table.as_deref(),
                 "db error (conflict)"
             ),
+            Kind::Invalid => tracing::event!(target: "tower_sqlite_retry", tracing::Level::INFO,
+                db.response.status_code = %detail.code,
+                db.error.name = detail.name,
+                db.constraint = detail.constraint.as_deref(),
+                db.table = detail.table.as_deref(),
+                "db error (invalid input)"
+            ),
+            // The server's own failure: the operator needs the message to fix it.
             Kind::Internal => tracing::event!(target: "tower_sqlite_retry", tracing::Level::ERROR,
-                db.response.status_code = %code,
-                error.message = %message,
+                db.response.status_code = %detail.code,
+                db.error.name = detail.name,
+                error.message = %detail.message,
                 "db error"
             ),
         }
         let body = match self.kind {
             Kind::Retryable(_) => "service busy, retry later",
             Kind::Conflict => "conflict",
+            Kind::Invalid => "invalid input",
             Kind::Internal => "internal error",
         };
         let mut res = http::Response::new(B::from(body));

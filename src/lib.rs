@@ -124,7 +124,7 @@
 mod admission;
 mod attempt;
 pub mod body;
-mod classify;
+pub mod classify;
 mod decide;
 mod error;
 pub mod future;
@@ -145,8 +145,9 @@ pub use body::ReplayBody;
 #[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]
 pub use classify::SqlxErrors;
 pub use classify::{
-    ClassifyError, NeverRetryErrors, Retryable, classify_mysql_code, classify_postgres_code,
-    classify_sqlite_code, mysql_code_name, postgres_code_name, sqlite_code_name,
+    ClassifyError, NeverRetryErrors, Retryable, classify_error_chain, classify_mysql_code,
+    classify_postgres_code, classify_sqlite_code, mysql_code_name, postgres_code_name,
+    sqlite_code_name, tag_retryable,
 };
 #[cfg(feature = "libsql")]
 pub use classify::{LibsqlErrors, classify_libsql, is_constraint_violation_libsql};

@@ -523,6 +523,56 @@ async fn duplicate_entry_is_409_and_never_replayed() {
     fx.drop_table().await;
 }
 
+/// MySQL's duplicate-key message quotes the value (`Duplicate entry 'alice@example.com' for key
+/// ...`): the conflict's event carries the error number and its name, never the message.
+#[tokio::test]
+async fn duplicate_entry_event_carries_no_client_values() {
+    let Some(fx) = fixture(
+        "duplicate_entry_event_carries_no_client_values",
+        "tsr_my_values",
+        0,
+    )
+    .await
+    else {
+        return;
+    };
+    let t = &fx.table;
+    sqlx::query(sql(format!(
+        "ALTER TABLE {t} ADD COLUMN email VARCHAR(100) NULL, ADD UNIQUE KEY {t}_email (email)"
+    )))
+    .execute(&fx.pool)
+    .await
+    .unwrap();
+    let insert = |id: i32| {
+        sqlx::query(sql(format!(
+            "INSERT INTO {t} (id, v, email) VALUES ({id}, 0, 'alice@example.com')"
+        )))
+        .execute(&fx.pool)
+    };
+    insert(1).await.unwrap();
+    let err = insert(2).await.unwrap_err();
+    let message = err.as_database_error().unwrap().message().to_owned();
+    assert!(message.contains("alice@example.com"), "{message}");
+
+    let (capture, guard) = capture_events();
+    let res = DbError::from(err).into_response();
+    drop(guard);
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    let events = capture.with_message("db error (conflict)");
+    assert_eq!(events.len(), 1, "{:?}", capture.events.lock().unwrap());
+    assert_eq!(events[0]["db.response.status_code"], "1062");
+    assert_eq!(events[0]["db.error.name"], "ER_DUP_ENTRY");
+    for (_, fields) in capture.events.lock().unwrap().iter() {
+        for value in fields.values() {
+            assert!(
+                !value.contains("alice"),
+                "client's value logged: {fields:?}"
+            );
+        }
+    }
+    fx.drop_table().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The classifier and DbError, fed errors raised by the real server and decoded by the driver.
 
@@ -577,28 +627,65 @@ async fn classifier_and_db_error_on_real_driver_errors() {
         let status = DbError::from(err).status();
         assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{number}");
     }
-    // Constraint violations, the real things: duplicate key (1062), NOT NULL (1048), CHECK
-    // (MariaDB 4025 / MySQL 3819).
+    // Constraint violations, the real things: duplicate key (1062) and foreign key (1452):
+    // 409; NOT NULL (1048) and CHECK (MariaDB 4025 / MySQL 3819): 422.
     let t = &fx.table;
-    sqlx::query(sql(format!(
-        "ALTER TABLE {t} ADD CONSTRAINT {t}_v_nonneg CHECK (v >= 0)"
-    )))
-    .execute(&fx.pool)
-    .await
-    .unwrap();
     for statement in [
-        format!("INSERT INTO {t} (id, v) VALUES (1, 0)"),
-        format!("INSERT INTO {t} (id, v) VALUES (2, NULL)"),
-        format!("INSERT INTO {t} (id, v) VALUES (3, -1)"),
+        format!("ALTER TABLE {t} ADD CONSTRAINT {t}_v_nonneg CHECK (v >= 0)"),
+        format!("ALTER TABLE {t} ADD COLUMN parent INT NULL"),
+        format!(
+            "ALTER TABLE {t} ADD CONSTRAINT {t}_parent FOREIGN KEY (parent) REFERENCES {t} (id)"
+        ),
+    ] {
+        sqlx::query(sql(statement)).execute(&fx.pool).await.unwrap();
+    }
+    for (statement, numbers, status) in [
+        (
+            format!("INSERT INTO {t} (id, v) VALUES (1, 0)"),
+            &[1062][..],
+            StatusCode::CONFLICT,
+        ),
+        (
+            format!("INSERT INTO {t} (id, v, parent) VALUES (5, 0, 99)"),
+            &[1452],
+            StatusCode::CONFLICT,
+        ),
+        (
+            format!("INSERT INTO {t} (id, v) VALUES (2, NULL)"),
+            &[1048],
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            format!("INSERT INTO {t} (id, v) VALUES (3, -1)"),
+            &[4025, 3819],
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
     ] {
         let err = sqlx::query(sql(statement.clone()))
             .execute(&fx.pool)
             .await
             .unwrap_err();
+        let number = err
+            .as_database_error()
+            .unwrap()
+            .downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .number();
+        assert!(numbers.contains(&number), "{statement}: {number}");
         assert!(classify(&err).is_none(), "{statement}");
         assert!(is_constraint_violation(&err), "{statement}: {err}");
-        assert_eq!(DbError::from(err).status(), StatusCode::CONFLICT);
+        assert_eq!(DbError::from(err).status(), status, "{statement}");
     }
+    // A value of the wrong type (strict mode, 1366) is no constraint: the server's own
+    // binding, 500.
+    let err = sqlx::query(sql(format!("INSERT INTO {t} (id, v) VALUES (4, 'abc')")))
+        .execute(&fx.pool)
+        .await
+        .unwrap_err();
+    assert!(!is_constraint_violation(&err), "{err}");
+    assert_eq!(
+        DbError::from(err).status(),
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
     // SQLSTATE 23000 that is not a constraint violation: an ambiguous column (1052).
     let err = sqlx::query(sql(format!("SELECT id FROM {t} a JOIN {t} b")))
         .execute(&fx.pool)

@@ -432,6 +432,48 @@ async fn lock_not_available_from_nowait_is_not_replayed() {
     fx.drop_table().await;
 }
 
+/// The conflict's event names the constraint PostgreSQL reports (sqlx's
+/// `DatabaseError::constraint()`) and its table, with the code: what an operator needs,
+/// without the message.
+#[tokio::test]
+async fn conflict_event_names_the_constraint() {
+    let Some(fx) = fixture(
+        "conflict_event_names_the_constraint",
+        "tsr_pg_names",
+        "CREATE TABLE {t} (seq BIGINT PRIMARY KEY, email TEXT UNIQUE)",
+    )
+    .await
+    else {
+        return;
+    };
+    let t = &fx.table;
+    let insert = |seq: i64| {
+        sqlx::query(sql(format!(
+            "INSERT INTO {t} (seq, email) VALUES ({seq}, 'alice@example.com')"
+        )))
+        .execute(&fx.pool)
+    };
+    insert(1).await.unwrap();
+    let err = insert(2).await.unwrap_err();
+    let message = err.as_database_error().unwrap().message().to_owned();
+
+    let (capture, guard) = capture_events();
+    let res = DbError::from(err).into_response();
+    drop(guard);
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    let events = capture.with_message("db error (conflict)");
+    assert_eq!(events.len(), 1, "{:?}", capture.events.lock().unwrap());
+    assert_eq!(events[0]["db.response.status_code"], "23505");
+    assert_eq!(events[0]["db.error.name"], "unique_violation");
+    assert_eq!(events[0]["db.constraint"], format!("{t}_email_key"));
+    assert_eq!(events[0]["db.table"], *t);
+    assert!(
+        !events[0].values().any(|v| v.contains(&message)),
+        "{events:?}"
+    );
+    fx.drop_table().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The classifier and DbError, fed errors raised by the real server and decoded by the driver.
 
@@ -449,7 +491,9 @@ async fn classifier_and_db_error_on_real_driver_errors() {
     let Some(fx) = fixture(
         "classifier_and_db_error_on_real_driver_errors",
         "tsr_pg_classify",
-        "CREATE TABLE {t} (seq BIGINT PRIMARY KEY, n BIGINT NOT NULL CHECK (n >= 0))",
+        "CREATE TABLE {t} (seq BIGINT PRIMARY KEY, n BIGINT NOT NULL CHECK (n >= 0), \
+         parent BIGINT REFERENCES {t} (seq), span int8range, \
+         EXCLUDE USING gist (span WITH &&))",
     )
     .await
     else {
@@ -480,35 +524,83 @@ async fn classifier_and_db_error_on_real_driver_errors() {
         let status = DbError::from(err).status();
         assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{sqlstate}");
     }
-    // Class 23, raised, and the real thing.
-    for sqlstate in ["23505", "23503", "23502", "23514", "23P01", "23001"] {
+    // Class 23, raised, and the real thing: 409 for a conflict with other rows, 422 for the
+    // request's own content.
+    for (sqlstate, status) in [
+        ("23505", StatusCode::CONFLICT),
+        ("23503", StatusCode::CONFLICT),
+        ("23P01", StatusCode::CONFLICT),
+        ("23001", StatusCode::CONFLICT),
+        ("23000", StatusCode::CONFLICT),
+        ("23502", StatusCode::UNPROCESSABLE_ENTITY),
+        ("23514", StatusCode::UNPROCESSABLE_ENTITY),
+    ] {
         let err = raise(&fx.pool, sqlstate).await;
         assert!(classify(&err).is_none(), "{sqlstate}");
         assert!(is_constraint_violation(&err), "{sqlstate}");
-        assert_eq!(
-            DbError::from(err).status(),
-            StatusCode::CONFLICT,
-            "{sqlstate}"
-        );
+        assert_eq!(DbError::from(err).status(), status, "{sqlstate}");
     }
     let t = &fx.table;
-    sqlx::query(sql(format!("INSERT INTO {t} (seq, n) VALUES (1, 1)")))
-        .execute(&fx.pool)
-        .await
-        .unwrap();
-    for statement in [
-        format!("INSERT INTO {t} (seq, n) VALUES (1, 1)"),
-        format!("INSERT INTO {t} (seq, n) VALUES (2, -1)"),
-        format!("INSERT INTO {t} (seq, n) VALUES (3, NULL)"),
+    sqlx::query(sql(format!(
+        "INSERT INTO {t} (seq, n, span) VALUES (1, 1, '[1,10)')"
+    )))
+    .execute(&fx.pool)
+    .await
+    .unwrap();
+    for (statement, code, status) in [
+        (
+            format!("INSERT INTO {t} (seq, n) VALUES (1, 1)"),
+            "23505",
+            StatusCode::CONFLICT,
+        ),
+        (
+            format!("INSERT INTO {t} (seq, n, parent) VALUES (2, 1, 99)"),
+            "23503",
+            StatusCode::CONFLICT,
+        ),
+        (
+            format!("INSERT INTO {t} (seq, n, span) VALUES (3, 1, '[5,20)')"),
+            "23P01",
+            StatusCode::CONFLICT,
+        ),
+        (
+            format!("INSERT INTO {t} (seq, n) VALUES (4, -1)"),
+            "23514",
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            format!("INSERT INTO {t} (seq, n) VALUES (5, NULL)"),
+            "23502",
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
     ] {
         let err = sqlx::query(sql(statement.clone()))
             .execute(&fx.pool)
             .await
             .unwrap_err();
+        assert_eq!(
+            err.as_database_error().and_then(|d| d.code()).as_deref(),
+            Some(code),
+            "{statement}"
+        );
         assert!(classify(&err).is_none(), "{statement}");
         assert!(is_constraint_violation(&err), "{statement}: {err}");
-        assert_eq!(DbError::from(err).status(), StatusCode::CONFLICT);
+        assert_eq!(DbError::from(err).status(), status, "{statement}");
     }
+    // A value of the wrong type is no constraint (class 22): the server's own binding, 500.
+    let err = sqlx::query(sql(format!("INSERT INTO {t} (seq, n) VALUES ('abc', 1)")))
+        .execute(&fx.pool)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.as_database_error().and_then(|d| d.code()).as_deref(),
+        Some("22P02")
+    );
+    assert!(!is_constraint_violation(&err));
+    assert_eq!(
+        DbError::from(err).status(),
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
     let err = sqlx::query("SELECT * FROM tsr_no_such_table_anywhere")
         .execute(&fx.pool)
         .await

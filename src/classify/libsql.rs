@@ -12,7 +12,7 @@
 //! The dependency is declared without default features: it brings libsql's error type, not
 //! its SQLite fork (`libsql-ffi`), which the application's own libsql features decide.
 
-use super::{Backend, ClassifyError, Coded, Retryable};
+use super::{Backend, ClassifyError, Coded, Constraint, Retryable};
 
 /// Whether a libsql error is worth replaying the whole request for, and why: the extended
 /// result code of an `Error::SqliteFailure` (local databases) or `Error::RemoteSqliteFailure`
@@ -31,8 +31,10 @@ pub fn classify_libsql(error: &libsql::Error) -> Option<Retryable> {
     coded(error)?.classify()
 }
 
-/// Whether a libsql error is a constraint violation (any `SQLITE_CONSTRAINT_*`): a conflict
-/// the client caused, answered `409` by [`DbError`](crate::DbError) and never replayed.
+/// Whether a libsql error is a constraint violation (any `SQLITE_CONSTRAINT_*`): never
+/// replayed, and answered by [`DbError`](crate::DbError) per kind: `409` for unique, primary
+/// key and foreign key violations, `422` for NOT NULL and CHECK, `500` for DATATYPE (see the
+/// [`classify`](mod@crate::classify) module's SQLite table).
 ///
 /// ```
 /// use tower_sqlite_retry::is_constraint_violation_libsql;
@@ -42,7 +44,7 @@ pub fn classify_libsql(error: &libsql::Error) -> Option<Retryable> {
 /// ```
 #[cfg_attr(docsrs, doc(cfg(feature = "libsql")))]
 pub fn is_constraint_violation_libsql(error: &libsql::Error) -> bool {
-    coded(error).is_some_and(|c| c.is_constraint())
+    constraint(error).is_some()
 }
 
 /// An error classifier for services whose error is, or boxes, a `libsql::Error`: runs
@@ -72,6 +74,11 @@ impl ClassifyError<tower::BoxError> for LibsqlErrors {
     }
 }
 
+/// The kind of constraint violation the error is, for [`DbError`](crate::DbError).
+pub(crate) fn constraint(error: &libsql::Error) -> Option<Constraint> {
+    coded(error)?.constraint()
+}
+
 /// The SQLite code of a libsql error, if it carries one.
 fn coded(error: &libsql::Error) -> Option<Coded<'_>> {
     let (code, message) = match error {
@@ -85,11 +92,10 @@ fn coded(error: &libsql::Error) -> Option<Coded<'_>> {
     })
 }
 
-/// The code and message of a libsql error that carries a SQLite code, for
-/// [`DbError`](crate::DbError)'s tracing event.
+/// What [`DbError`](crate::DbError)'s tracing events say of a libsql error that carries a
+/// SQLite code.
 pub(super) fn database_detail(
     error: &(dyn std::error::Error + Send + Sync + 'static),
-) -> Option<(String, String)> {
-    let coded = coded(error.downcast_ref::<libsql::Error>()?)?;
-    Some((coded.code(), coded.message.to_owned()))
+) -> Option<super::Detail> {
+    Some(coded(error.downcast_ref::<libsql::Error>()?)?.detail())
 }

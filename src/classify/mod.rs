@@ -1,40 +1,116 @@
-//! What is retryable: the [`Retryable`] marker, the [`ClassifyError`] trait for service errors,
-//! and one table per database, fed by one binding per driver.
+//! What is retryable, and what each database error answers: the [`Retryable`] marker, the
+//! classifiers, and one table per database.
 //!
-//! # Layout
+//! Every binding (sqlx 0.9, sqlx 0.8, rusqlite, libsql) hands its driver's code to the same
+//! tables, so that one code gets one answer whatever the driver. Decisions are taken on codes:
+//! messages change between versions, are localised by some servers, and repeat one wording
+//! for unrelated codes. The exceptions are texts SQLite itself fixes, where the code alone
+//! cannot tell (below). [`DbError`](crate::DbError) answers with the last column; an
+//! application's own error type finds the marker with [`classify_error_chain`].
 //!
-//! - this file: the marker, the error classifiers ([`NeverRetryErrors`], `SqlxErrors`), and the
-//!   dispatch: every binding turns its driver's error into a [`Coded`] (which database, which
-//!   code, the message), and the tables decide on that, so that every driver of one database
-//!   answers alike (a `SQLITE_BUSY` is retried, a `SQLITE_CONSTRAINT_*` is a `409`, whether it
-//!   came from sqlx 0.9, sqlx 0.8, rusqlite or libsql);
-//! - the tables, which need no driver: [`sqlite`] (shared by every SQLite binding),
-//!   [`postgres`], [`mysql`];
-//! - the bindings, each behind its feature: `sqlx` (sqlx 0.9), `sqlx08` (sqlx 0.8), `rusqlite`,
-//!   `libsql`.
+//! # SQLite
 //!
-//! # Why codes, never message text
+//! By extended result code (the primary code in the low byte: `517` = `5 | 2 << 8`).
 //!
-//! Messages change between versions, are localised by some servers, and repeat one wording for
-//! unrelated codes (`database is locked` for `SQLITE_BUSY`, `SQLITE_BUSY_SNAPSHOT` and more).
-//! Every decision here is taken on a code; the one exception is SQLite's own
-//! `database is deadlocked` for plain `SQLITE_LOCKED`, the only way SQLite tells an
-//! unlock-notify deadlock victim (which a replay cures) from a same-connection lock (which it
-//! does not).
+//! | code | what happened | replay | `DbError` |
+//! |---|---|---|---|
+//! | `5` SQLITE_BUSY, `261` _RECOVERY, `517` _SNAPSHOT, `773` _TIMEOUT | another connection holds the lock, or the transaction's WAL snapshot is stale: only a re-run of the whole transaction cures it | yes | `503` |
+//! | `5` with a message SQLite sets for the connection's own statements: `cannot commit transaction - SQL statements in progress`, `cannot open savepoint - ...`, `cannot release savepoint - ...` (and `unable to close ...`, `unable to delete/modify user-function ...` / `collation sequence ...`) | this connection's own write statement is still running (an `INSERT ... RETURNING` not read to the end): a replay meets it again. sqlx never runs two statements at once on a connection; rusqlite and libsql can | no | `500` |
+//! | `262` SQLITE_LOCKED_SHAREDCACHE | another connection of the shared cache holds a table lock | yes | `503` |
+//! | `6` SQLITE_LOCKED with `database is deadlocked` | the victim of an unlock-notify deadlock | yes | `503` |
+//! | `6` otherwise, `518` _VTAB | a lock held by the same connection | no | `500` |
+//! | `15` SQLITE_PROTOCOL | a WAL lock race SQLite gave up on | yes | `503` |
+//! | `2067` CONSTRAINT_UNIQUE, `1555` _PRIMARYKEY, `2579` _ROWID, `787` _FOREIGNKEY | conflict with other rows | no | `409` |
+//! | `1299` CONSTRAINT_NOTNULL, `275` _CHECK | the request's own content | no | `422` |
+//! | `3091` CONSTRAINT_DATATYPE (STRICT tables), `2835` _PINNED | the server's binding, or its own trigger | no | `500` |
+//! | other `19` (plain, `1811` _TRIGGER's `RAISE()`, `531` _COMMITHOOK, `1043` _FUNCTION, `2323` _VTAB) | a rule of the application's own, kind unknown | no | `409` |
+//! | everything else (I/O, `FULL`, `CORRUPT`, `READONLY`, `ERROR`, ...) | | no | `500` |
 //!
-//! # Why no driver for SQLite
+//! Sources: result codes <https://www.sqlite.org/rescode.html>; `SQLITE_BUSY` in WAL mode and
+//! inside transactions <https://www.sqlite.org/wal.html#sometimes_queries_return_sqlite_busy_in_wal_mode>
+//! and <https://www.sqlite.org/lang_transaction.html>; the deadlock message
+//! <https://www.sqlite.org/unlock_notify.html>; STRICT tables
+//! <https://www.sqlite.org/stricttables.html>; the same-connection messages are SQLite's own
+//! (`vdbe.c`, `OP_AutoCommit` and `OP_Savepoint`; `main.c`), the same from 3.7.11 to 3.51.
 //!
-//! A SQLite driver carries `libsqlite3-sys`, whose `links = "sqlite3"` lets one version into a
-//! build: depending on one would force this crate's choice of SQLite (bundled or not, which
-//! version) on the application, and make it impossible to use next to another SQLite binding.
-//! The sqlx bindings depend on sqlx-core only and recognise SQLite errors by the shape of their
-//! code (see [`sqlite`]); PostgreSQL and MySQL errors are recognised by downcast, their drivers
-//! being pure Rust; the rusqlite and libsql bindings use the application's own copy of those
-//! crates, without turning on any of their features.
+//! # PostgreSQL
+//!
+//! By SQLSTATE.
+//!
+//! | SQLSTATE | what happened | replay | `DbError` |
+//! |---|---|---|---|
+//! | `40001` serialization_failure | a `SERIALIZABLE` / `REPEATABLE READ` transaction lost a conflict; PostgreSQL aborted it and asks for a re-run | yes | `503` |
+//! | `40P01` deadlock_detected | the deadlock detector's victim, aborted | yes | `503` |
+//! | `55P03` lock_not_available | `NOWAIT` or `lock_timeout`: the application asked not to wait ([`classify_postgres_code`] shows how to replay it anyway) | no | `500` |
+//! | `23505` unique, `23503` foreign_key, `23P01` exclusion, `23001` restrict, other class `23` | conflict with other rows | no | `409` |
+//! | `23502` not_null, `23514` check | the request's own content | no | `422` |
+//! | everything else (class `22` data exceptions such as `22P02`, `57014`, `53300`, ...) | | no | `500` |
+//!
+//! Sources: <https://www.postgresql.org/docs/current/errcodes-appendix.html>,
+//! <https://www.postgresql.org/docs/current/mvcc-serialization-failure-handling.html>.
+//!
+//! # MySQL and MariaDB
+//!
+//! By server error number (the SQLSTATE is too coarse: `40001` for a deadlock, `HY000` for a
+//! lock wait timeout and hundreds of unrelated errors).
+//!
+//! | number | what happened | replay | `DbError` |
+//! |---|---|---|---|
+//! | `1213` ER_LOCK_DEADLOCK | InnoDB's deadlock victim (and Galera's certification failure), rolled back | yes | `503` |
+//! | `1205` ER_LOCK_WAIT_TIMEOUT | a lock wait outlasted `innodb_lock_wait_timeout` (50 s); the handler's `?` rolls the rest back | yes | `503` |
+//! | `1020` ER_CHECKREAD | MariaDB's snapshot isolation (`innodb_snapshot_isolation`, on by default from 11.6.2): the row changed since the transaction's snapshot; the transaction is rolled back | yes | `503` |
+//! | `3101` ER_TRANSACTION_ROLLBACK_DURING_COMMIT | MySQL Group Replication's certification failure: the whole transaction is rolled back at commit | yes | `503` |
+//! | `3572` ER_LOCK_NOWAIT | `NOWAIT`: asked not to wait (MariaDB reports `NOWAIT` as `1205`) | no | `500` |
+//! | `1062` ER_DUP_ENTRY, `1022`, `1169`, `1586`, `1859` (duplicate keys); `1452`, `1451`, `1216`, `1217`, `1834` (foreign keys) | conflict with other rows | no | `409` |
+//! | `1048` ER_BAD_NULL_ERROR, `1364` ER_NO_DEFAULT_FOR_FIELD; `3819` (MySQL) / `4025` with SQLSTATE `23000` (MariaDB) CHECK | the request's own content | no | `422` |
+//! | everything else (strict mode's `1366`, `1264`, `1406`; `1180`, `1052`, ...) | | no | `500` |
+//!
+//! Sources: MariaDB's `innodb_snapshot_isolation`
+//! <https://mariadb.com/docs/server/server-usage/storage-engines/innodb/innodb-system-variables#innodb_snapshot_isolation>,
+//! error 1020 <https://mariadb.com/docs/server/reference/error-codes/mariadb-error-codes-1000-to-1099/e1020>
+//! and MDEV-35235 (the rollback is signalled as for a deadlock)
+//! <https://jira.mariadb.org/browse/MDEV-35235>; MySQL Group Replication
+//! <https://dev.mysql.com/doc/refman/8.4/en/group-replication-summary.html> ("the
+//! transaction ordered second aborts, and thus is rolled back on the originating server");
+//! InnoDB deadlocks and error handling <https://dev.mysql.com/doc/refman/8.4/en/innodb-deadlocks.html>,
+//! <https://dev.mysql.com/doc/refman/8.4/en/innodb-error-handling.html>; the error references
+//! <https://dev.mysql.com/doc/mysql-errors/8.4/en/server-error-reference.html>,
+//! <https://mariadb.com/docs/server/reference/error-codes>.
+//!
+//! # Why these statuses (RFC 9110)
+//!
+//! - `409 Conflict` (§15.5.10) is "a conflict with the current state of the target
+//!   resource": a unique, primary key, foreign key or exclusion violation depends on *other*
+//!   rows, and the same request can succeed once they change.
+//! - `422 Unprocessable Content` (§15.5.21): the server understood the request, but its content
+//!   breaks a rule (NOT NULL, CHECK) whatever the state; only a different request passes. A
+//!   handler whose own code fills the column (so that the violation is its bug) maps it to
+//!   `500` itself.
+//! - `500 Internal Server Error` (§15.6.1) for a value of a type the schema refuses: with
+//!   typed bindings the handler's code, not the client, decides what type is bound.
+//! - `503 Service Unavailable` (§15.6.4) for contention, replayed by the layer, which adds
+//!   `Retry-After` when it gives up.
+//!
+//! # Recognising sqlx's SQLite errors
+//!
+//! This crate never depends on a SQLite driver for sqlx (that would bring a `libsqlite3-sys`,
+//! and with it a second SQLite, into the application's build), so it cannot name sqlx's
+//! `SqliteError`. PostgreSQL's and MySQL's errors are recognised by downcast (their drivers
+//! are pure Rust); SQLite's by the name its derived `Debug` prints first and a code of one to
+//! four digits, so that another driver's numeric codes are never read as SQLite's. The tests
+//! pin that shape on real errors of sqlx 0.8 and 0.9.
+
+// Layout: this file holds the marker, the error classifiers (`NeverRetryErrors`, `SqlxErrors`)
+// and the dispatch: every binding turns its driver's error into a `Coded` (which database,
+// which code, the message) and the tables decide on that. The tables need no driver:
+// `sqlite` (shared by every SQLite binding), `postgres`, `mysql`. The bindings, each behind
+// its feature: `sqlx` (0.9), `sqlx08` (0.8), `rusqlite`, `libsql`; `chain` walks an error's
+// `source()` chain through all of them.
 
 use std::borrow::Cow;
 use std::fmt;
 
+mod chain;
 #[cfg(feature = "libsql")]
 mod libsql;
 mod mysql;
@@ -72,7 +148,10 @@ macro_rules! sqlx_binding {
             #[cfg(feature = "mysql")]
             if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
                 return Coded {
-                    backend: Backend::MySql(my.number()),
+                    backend: Backend::MySql {
+                        number: my.number(),
+                        sqlstate: my.code(),
+                    },
                     message,
                 };
             }
@@ -90,14 +169,33 @@ macro_rules! sqlx_binding {
             Coded { backend, message }
         }
 
-        /// The code and message of a sqlx database error, for [`DbError`](crate::DbError)'s
-        /// tracing event.
+        /// What kind of constraint violation a sqlx error is, if one: the database's table
+        /// decides; for a database whose table is not compiled in, sqlx's `ErrorKind`.
+        fn constraint_of(error: &sqlx::Error) -> Option<Constraint> {
+            let sqlx::Error::Database(db) = error else {
+                return None;
+            };
+            let coded = coded(db.as_ref());
+            match coded.backend {
+                Backend::Unknown(_) => kind_constraint(db.kind()),
+                _ => coded.constraint(),
+            }
+        }
+
+        /// What [`DbError`](crate::DbError)'s tracing events say of a sqlx database error.
         pub(super) fn database_detail(
             error: &(dyn std::error::Error + Send + Sync + 'static),
-        ) -> Option<(String, String)> {
+        ) -> Option<super::Detail> {
             match error.downcast_ref::<sqlx::Error>()? {
                 sqlx::Error::Database(db) => {
-                    Some((coded(db.as_ref()).code(), db.message().to_owned()))
+                    let coded = coded(db.as_ref());
+                    Some(super::Detail {
+                        code: coded.code(),
+                        name: coded.name(),
+                        constraint: db.constraint().map(str::to_owned),
+                        table: db.table().map(str::to_owned),
+                        message: db.message().to_owned(),
+                    })
                 }
                 _ => None,
             }
@@ -112,6 +210,7 @@ mod sqlx;
 #[cfg(feature = "sqlx-0_8")]
 mod sqlx08;
 
+pub use self::chain::{classify_error_chain, tag_retryable};
 #[cfg(feature = "libsql")]
 pub use self::libsql::{LibsqlErrors, classify_libsql, is_constraint_violation_libsql};
 pub use self::mysql::{classify_mysql_code, mysql_code_name};
@@ -124,12 +223,23 @@ pub use self::sqlx::{classify, is_constraint_violation};
 #[cfg(feature = "sqlx-0_8")]
 pub use self::sqlx08::{classify_sqlx_0_8, is_constraint_violation_sqlx_0_8};
 
+#[cfg(feature = "libsql")]
+pub(crate) use self::libsql::constraint as libsql_constraint;
+#[cfg(feature = "rusqlite")]
+pub(crate) use self::rusqlite::constraint as rusqlite_constraint;
+#[cfg(feature = "sqlx")]
+pub(crate) use self::sqlx::constraint as sqlx_constraint;
+#[cfg(feature = "sqlx-0_8")]
+pub(crate) use self::sqlx08::constraint as sqlx08_constraint;
+
 /// The response extension that asks the layer to replay the request, and says why.
 ///
 /// [`DbError`](crate::DbError) inserts it for retryable database errors. A handler with its
-/// own error type inserts the marker that its driver's classifier returns (`classify` for sqlx
-/// 0.9, `classify_sqlx_0_8`, `classify_rusqlite`, `classify_libsql`, or a code table such as
-/// [`classify_sqlite_code`] for any other binding):
+/// own error type inserts it with [`tag_retryable`], which finds the database error anywhere in
+/// the error's `source()` chain (see [`classify_error_chain`]), or inserts the marker that its
+/// driver's classifier returns (`classify` for sqlx 0.9, `classify_sqlx_0_8`,
+/// `classify_rusqlite`, `classify_libsql`, or a code table such as [`classify_sqlite_code`]
+/// for any other binding):
 ///
 #[cfg_attr(feature = "sqlx", doc = "```")]
 #[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
@@ -270,8 +380,12 @@ pub(crate) enum Backend<'a> {
     Sqlite(i32),
     /// PostgreSQL's SQLSTATE.
     Postgres(&'a str),
-    /// MySQL's or MariaDB's server error number.
-    MySql(u16),
+    /// MySQL's or MariaDB's server error number, and the SQLSTATE the server sent with it
+    /// (which tells MariaDB's `4025` from MySQL's).
+    MySql {
+        number: u16,
+        sqlstate: Option<&'a str>,
+    },
     /// A database whose table is not compiled in (its feature is off), with the code the
     /// driver gave, if any: never retryable.
     Unknown(Option<Cow<'a, str>>),
@@ -289,18 +403,42 @@ impl Coded<'_> {
         match &self.backend {
             Backend::Sqlite(code) => classify_sqlite_code(*code, self.message),
             Backend::Postgres(sqlstate) => classify_postgres_code(sqlstate),
-            Backend::MySql(number) => classify_mysql_code(*number),
+            Backend::MySql { number, .. } => classify_mysql_code(*number),
             Backend::Unknown(_) => None,
         }
     }
 
-    /// Whether the code is a constraint violation. The sqlx bindings also ask the driver's
-    /// `ErrorKind`, which is how MySQL's constraint numbers are told.
-    pub(crate) fn is_constraint(&self) -> bool {
+    /// What kind of constraint violation the code is, if one, by the database's table.
+    pub(crate) fn constraint(&self) -> Option<Constraint> {
         match &self.backend {
-            Backend::Sqlite(code) => sqlite::is_sqlite_constraint(*code),
-            Backend::Postgres(sqlstate) => postgres::is_postgres_constraint(sqlstate),
-            Backend::MySql(_) | Backend::Unknown(_) => false,
+            Backend::Sqlite(code) => sqlite::sqlite_constraint(*code),
+            Backend::Postgres(sqlstate) => postgres::postgres_constraint(sqlstate),
+            Backend::MySql { number, sqlstate } => mysql::mysql_constraint(*number, *sqlstate),
+            Backend::Unknown(_) => None,
+        }
+    }
+
+    /// The code's symbolic name (`SQLITE_CONSTRAINT_UNIQUE`, `unique_violation`,
+    /// `ER_DUP_ENTRY`), or `""` for a database whose table is not compiled in.
+    pub(crate) fn name(&self) -> &'static str {
+        match &self.backend {
+            Backend::Sqlite(code) => sqlite_code_name(*code),
+            Backend::Postgres(sqlstate) => postgres_code_name(sqlstate),
+            Backend::MySql { number, .. } => mysql_code_name(*number),
+            Backend::Unknown(_) => "",
+        }
+    }
+
+    /// What [`DbError`](crate::DbError)'s tracing events say of the error, for the bindings
+    /// whose driver names no constraint (SQLite's).
+    #[cfg_attr(not(any(feature = "rusqlite", feature = "libsql")), allow(dead_code))]
+    pub(crate) fn detail(&self) -> Detail {
+        Detail {
+            code: self.code(),
+            name: self.name(),
+            constraint: None,
+            table: None,
+            message: self.message.to_owned(),
         }
     }
 
@@ -310,17 +448,61 @@ impl Coded<'_> {
         match &self.backend {
             Backend::Sqlite(code) => code.to_string(),
             Backend::Postgres(sqlstate) => (*sqlstate).to_owned(),
-            Backend::MySql(number) => number.to_string(),
+            Backend::MySql { number, .. } => number.to_string(),
             Backend::Unknown(code) => code.as_deref().unwrap_or_default().to_owned(),
         }
     }
 }
 
-/// The code and the message of a database error that [`DbError`](crate::DbError) holds, for
-/// its tracing event; `None` when the error is no driver's database error.
+/// What a constraint violation says about the request, and so the status
+/// [`DbError`](crate::DbError) answers it with (RFC 9110; see the tables in the module's
+/// documentation for each database's codes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(
+    not(any(
+        feature = "sqlx",
+        feature = "sqlx-0_8",
+        feature = "rusqlite",
+        feature = "libsql"
+    )),
+    allow(dead_code)
+)]
+pub(crate) enum Constraint {
+    /// UNIQUE, PRIMARY KEY, FOREIGN KEY, EXCLUSION (or a constraint whose kind the code does
+    /// not say): the request conflicts with the current state of the data, other rows; the
+    /// same request can succeed once that state changes. `409 Conflict` (§15.5.10).
+    Conflict,
+    /// NOT NULL, CHECK: the request's own content breaks a rule declared on the data, whatever
+    /// the state; only a different request can pass. `422 Unprocessable Content` (§15.5.21).
+    Invalid,
+    /// DATATYPE (and SQLite's `SQLITE_CONSTRAINT_PINNED`): the server's code bound a value of
+    /// a type its schema refuses, or broke an invariant of its own; a typed binding decides
+    /// the type, not the client. `500 Internal Server Error` (§15.6.1).
+    Internal,
+}
+
+/// What [`DbError`](crate::DbError)'s tracing events say of a database error.
+#[derive(Debug, Default)]
+pub(crate) struct Detail {
+    /// The database's code (`db.response.status_code`).
+    pub(crate) code: String,
+    /// The code's symbolic name, `""` when unknown.
+    pub(crate) name: &'static str,
+    /// The violated constraint's name, when the driver gives it (PostgreSQL).
+    pub(crate) constraint: Option<String>,
+    /// The table, when the driver gives it (PostgreSQL).
+    pub(crate) table: Option<String>,
+    /// The database's message: may quote the client's values (MySQL's `Duplicate entry
+    /// 'alice@example.com' for key ...`), so never logged above TRACE for what the client
+    /// caused.
+    pub(crate) message: String,
+}
+
+/// What [`DbError`](crate::DbError)'s tracing events say of the error it holds; `None` when
+/// the error is no driver's database error.
 pub(crate) fn database_detail(
     error: &(dyn std::error::Error + Send + Sync + 'static),
-) -> Option<(String, String)> {
+) -> Option<Detail> {
     #[cfg(feature = "sqlx")]
     if let Some(detail) = self::sqlx::database_detail(error) {
         return Some(detail);
@@ -374,7 +556,7 @@ impl<E> ClassifyError<E> for NeverRetryErrors {
 }
 
 /// An error classifier for services whose error is, or boxes, a sqlx error: runs [`classify`]
-/// on a sqlx 0.9 error (feature `sqlx`) and [`classify_sqlx_0_8`] on a sqlx 0.8 one (feature
+/// on a sqlx 0.9 error (feature `sqlx`) and `classify_sqlx_0_8` on a sqlx 0.8 one (feature
 /// `sqlx-0_8`), whichever are on.
 ///
 /// ```

@@ -45,7 +45,7 @@
 //! is safe because the handler's `?` drops the transaction, which rolls the rest back. A handler
 //! that catches `1205` and commits anyway must not ask for a replay.
 
-use super::Retryable;
+use super::{Constraint, Retryable};
 
 /// Classifies a MySQL/MariaDB error number: `1213` ER_LOCK_DEADLOCK, `1205`
 /// ER_LOCK_WAIT_TIMEOUT, `1020` ER_CHECKREAD (MariaDB's snapshot isolation) and `3101`
@@ -91,6 +91,26 @@ pub fn classify_mysql_code(number: u16) -> Option<Retryable> {
     Some(Retryable::new(code, mysql_code_name(number)))
 }
 
+/// What kind of constraint violation a MySQL/MariaDB error number is, if one (`sqlstate`, the
+/// SQLSTATE the server sent, tells MariaDB's `4025` CHECK from MySQL's unrelated `4025`).
+///
+/// Duplicate keys (`1062`, `1022`, `1169`, `1586`, `1859`) and foreign keys (`1451`, `1452`,
+/// `1216`, `1217`, `1834`) conflict with other rows (409); NOT NULL (`1048`, and `1364`, a
+/// NOT NULL column without default left out) and CHECK (MySQL `3819`, MariaDB `4025`) refuse
+/// the request's own content (422). Type and range errors in strict mode (`1366`, `1264`,
+/// `1406`) are no constraint: `500`.
+#[cfg_attr(not(any(feature = "sqlx", feature = "sqlx-0_8")), allow(dead_code))]
+pub(crate) fn mysql_constraint(number: u16, sqlstate: Option<&str>) -> Option<Constraint> {
+    match number {
+        1062 | 1022 | 1169 | 1586 | 1859 | 1451 | 1452 | 1216 | 1217 | 1834 => {
+            Some(Constraint::Conflict)
+        }
+        1048 | 1364 | 3819 => Some(Constraint::Invalid),
+        4025 if sqlstate == Some("23000") => Some(Constraint::Invalid),
+        _ => None,
+    }
+}
+
 /// The symbol of a MySQL/MariaDB server error number (`1213` → `"ER_LOCK_DEADLOCK"`), or
 /// `"UNKNOWN"` when it is not known here.
 ///
@@ -116,6 +136,10 @@ pub fn mysql_code_name(number: u16) -> &'static str {
         1859 => "ER_DUP_UNKNOWN_IN_INDEX",
         1216 => "ER_NO_REFERENCED_ROW",
         1217 => "ER_ROW_IS_REFERENCED",
+        1834 => "ER_FK_CANNOT_DELETE_PARENT",
+        1366 => "ER_TRUNCATED_WRONG_VALUE_FOR_FIELD",
+        1264 => "ER_WARN_DATA_OUT_OF_RANGE",
+        1406 => "ER_DATA_TOO_LONG",
         1451 => "ER_ROW_IS_REFERENCED_2",
         1452 => "ER_NO_REFERENCED_ROW_2",
         1048 => "ER_BAD_NULL_ERROR",
@@ -161,6 +185,37 @@ mod tests {
         }
         assert_eq!(mysql_code_name(3572), "ER_LOCK_NOWAIT");
         assert_eq!(mysql_code_name(0), "UNKNOWN");
+    }
+
+    #[test]
+    fn constraints() {
+        use Constraint::*;
+        for (number, kind) in [
+            (1062, Conflict),
+            (1022, Conflict),
+            (1169, Conflict),
+            (1586, Conflict),
+            (1859, Conflict),
+            (1451, Conflict),
+            (1452, Conflict),
+            (1216, Conflict),
+            (1217, Conflict),
+            (1834, Conflict),
+            (1048, Invalid),
+            (1364, Invalid),
+            (3819, Invalid),
+        ] {
+            assert_eq!(
+                mysql_constraint(number, Some("23000")),
+                Some(kind),
+                "{number}"
+            );
+        }
+        assert_eq!(mysql_constraint(4025, Some("23000")), Some(Invalid));
+        assert_eq!(mysql_constraint(4025, Some("HY000")), None);
+        for number in [1213, 1205, 1020, 1052, 1366, 1264, 1406, 1830, 0] {
+            assert_eq!(mysql_constraint(number, Some("23000")), None, "{number}");
+        }
     }
 
     #[test]

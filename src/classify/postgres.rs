@@ -21,7 +21,7 @@
 //! downcast to `PgDatabaseError` (the `postgres` feature turns on sqlx's pure-Rust PostgreSQL
 //! driver, no C library, for that type).
 
-use super::Retryable;
+use super::{Constraint, Retryable};
 
 /// Classifies a PostgreSQL SQLSTATE: `40001` serialization_failure and `40P01`
 /// deadlock_detected are retryable, nothing else.
@@ -72,9 +72,11 @@ pub fn classify_postgres_code(sqlstate: &str) -> Option<Retryable> {
     Some(Retryable::new(code, postgres_code_name(code)))
 }
 
-/// Whether a PostgreSQL SQLSTATE is a constraint violation: class `23`
-/// (integrity_constraint_violation: `23505` unique, `23503` foreign key, `23502` not null,
-/// `23514` check, `23P01` exclusion, `23001` restrict, ...).
+/// What kind of constraint violation a PostgreSQL SQLSTATE is, if one: class `23`
+/// (integrity_constraint_violation). `23505` unique, `23503` foreign key, `23P01` exclusion,
+/// `23001` restrict and the class's other codes conflict with other rows (409); `23502` not
+/// null and `23514` check refuse the request's own content (422). Type errors are class `22`
+/// (data_exception), no constraint: `500`.
 #[cfg_attr(
     not(any(
         feature = "sqlx",
@@ -84,8 +86,14 @@ pub fn classify_postgres_code(sqlstate: &str) -> Option<Retryable> {
     )),
     allow(dead_code)
 )]
-pub(crate) fn is_postgres_constraint(sqlstate: &str) -> bool {
-    sqlstate.len() == 5 && sqlstate.starts_with("23")
+pub(crate) fn postgres_constraint(sqlstate: &str) -> Option<Constraint> {
+    if sqlstate.len() != 5 || !sqlstate.starts_with("23") {
+        return None;
+    }
+    Some(match sqlstate {
+        "23502" | "23514" => Constraint::Invalid,
+        _ => Constraint::Conflict,
+    })
 }
 
 /// The condition name of a PostgreSQL SQLSTATE (`"40001"` → `"serialization_failure"`), or of
@@ -190,13 +198,20 @@ mod tests {
 
     #[test]
     fn constraints() {
-        for code in [
-            "23000", "23001", "23502", "23503", "23505", "23514", "23P01",
+        use Constraint::*;
+        for (code, kind) in [
+            ("23000", Conflict),
+            ("23001", Conflict),
+            ("23502", Invalid),
+            ("23503", Conflict),
+            ("23505", Conflict),
+            ("23514", Invalid),
+            ("23P01", Conflict),
         ] {
-            assert!(is_postgres_constraint(code), "{code}");
+            assert_eq!(postgres_constraint(code), Some(kind), "{code}");
         }
-        for code in ["40001", "40002", "2350", "235050", "", "22021"] {
-            assert!(!is_postgres_constraint(code), "{code}");
+        for code in ["40001", "40002", "2350", "235050", "", "22021", "22P02"] {
+            assert_eq!(postgres_constraint(code), None, "{code}");
         }
     }
 

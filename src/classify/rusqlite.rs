@@ -14,7 +14,7 @@
 //! turned on: the application's own rusqlite decides bundled or system SQLite, and the two
 //! unify into one rusqlite (there can be only one, `links = "sqlite3"`).
 
-use super::{Backend, ClassifyError, Coded, Retryable};
+use super::{Backend, ClassifyError, Coded, Constraint, Retryable};
 
 /// Whether a rusqlite error is worth replaying the whole request for, and why: the extended
 /// result code of an `Error::SqliteFailure`, through SQLite's table
@@ -40,9 +40,10 @@ pub fn classify_rusqlite(error: &rusqlite::Error) -> Option<Retryable> {
     coded(error)?.classify()
 }
 
-/// Whether a rusqlite error is a constraint violation (any `SQLITE_CONSTRAINT_*`: unique,
-/// primary key, foreign key, not null, check, ...): a conflict the client caused, answered
-/// `409` by [`DbError`](crate::DbError) and never replayed.
+/// Whether a rusqlite error is a constraint violation (any `SQLITE_CONSTRAINT_*`): never
+/// replayed, and answered by [`DbError`](crate::DbError) per kind: `409` for unique, primary
+/// key and foreign key violations, `422` for NOT NULL and CHECK, `500` for DATATYPE (see the
+/// [`classify`](mod@crate::classify) module's SQLite table).
 ///
 /// ```
 /// use rusqlite::ffi;
@@ -55,7 +56,7 @@ pub fn classify_rusqlite(error: &rusqlite::Error) -> Option<Retryable> {
 /// ```
 #[cfg_attr(docsrs, doc(cfg(feature = "rusqlite")))]
 pub fn is_constraint_violation_rusqlite(error: &rusqlite::Error) -> bool {
-    coded(error).is_some_and(|c| c.is_constraint())
+    constraint(error).is_some()
 }
 
 /// An error classifier for services whose error is, or boxes, a `rusqlite::Error`: runs
@@ -87,6 +88,11 @@ impl ClassifyError<tower::BoxError> for RusqliteErrors {
     }
 }
 
+/// The kind of constraint violation the error is, for [`DbError`](crate::DbError).
+pub(crate) fn constraint(error: &rusqlite::Error) -> Option<Constraint> {
+    coded(error)?.constraint()
+}
+
 /// The SQLite code of a rusqlite error, if it carries one.
 fn coded(error: &rusqlite::Error) -> Option<Coded<'_>> {
     match error {
@@ -98,12 +104,10 @@ fn coded(error: &rusqlite::Error) -> Option<Coded<'_>> {
     }
 }
 
-/// The code and message of a rusqlite error that carries a SQLite code, for
-/// [`DbError`](crate::DbError)'s tracing event.
+/// What [`DbError`](crate::DbError)'s tracing events say of a rusqlite error that carries a
+/// SQLite code.
 pub(super) fn database_detail(
     error: &(dyn std::error::Error + Send + Sync + 'static),
-) -> Option<(String, String)> {
-    let error = error.downcast_ref::<rusqlite::Error>()?;
-    let coded = coded(error)?;
-    Some((coded.code(), coded.message.to_owned()))
+) -> Option<super::Detail> {
+    Some(coded(error.downcast_ref::<rusqlite::Error>()?)?.detail())
 }

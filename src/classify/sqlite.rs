@@ -24,8 +24,10 @@
 //! - `SQLITE_PROTOCOL` (`15`): a WAL lock race that SQLite gave up on after its own retries.
 //!
 //! Everything else (constraints, I/O, `FULL`, `CORRUPT`, `READONLY`, ...) a replay would only
-//! repeat. Any primary code `19` (`SQLITE_CONSTRAINT_*`) is a constraint violation, answered
-//! `409` by [`DbError`](crate::DbError).
+//! repeat. Any primary code `19` (`SQLITE_CONSTRAINT_*`) is a constraint violation, answered by
+//! [`DbError`](crate::DbError) per kind: `409` for UNIQUE, PRIMARY KEY, ROWID, FOREIGN KEY
+//! (and the kinds the code does not tell), `422` for NOT NULL and CHECK, `500` for DATATYPE and
+//! PINNED.
 //!
 //! # Recognising a SQLite error without the SQLite driver
 //!
@@ -51,7 +53,7 @@
 
 use std::borrow::Cow;
 
-use super::Retryable;
+use super::{Constraint, Retryable};
 
 /// The messages with which SQLite reports a `SQLITE_BUSY` (`5`) caused by the connection
 /// itself, not by another connection (SQLite's `vdbe.c`, `OP_AutoCommit` and `OP_Savepoint`,
@@ -113,8 +115,8 @@ pub fn classify_sqlite_code(code: i32, message: &str) -> Option<Retryable> {
     })
 }
 
-/// Whether a SQLite extended result code is a constraint violation (primary code 19,
-/// `SQLITE_CONSTRAINT_*`).
+/// What kind of constraint violation a SQLite extended result code is (primary code 19,
+/// `SQLITE_CONSTRAINT_*`), if one.
 #[cfg_attr(
     not(any(
         feature = "sqlx",
@@ -124,8 +126,21 @@ pub fn classify_sqlite_code(code: i32, message: &str) -> Option<Retryable> {
     )),
     allow(dead_code)
 )]
-pub(crate) fn is_sqlite_constraint(code: i32) -> bool {
-    code & 0xff == 19
+pub(crate) fn sqlite_constraint(code: i32) -> Option<Constraint> {
+    if code & 0xff != 19 {
+        return None;
+    }
+    Some(match code {
+        // SQLITE_CONSTRAINT_CHECK, SQLITE_CONSTRAINT_NOTNULL.
+        275 | 1299 => Constraint::Invalid,
+        // SQLITE_CONSTRAINT_PINNED (an UPDATE trigger deleted the row being updated),
+        // SQLITE_CONSTRAINT_DATATYPE (a STRICT table refused the type of a bound value).
+        2835 | 3091 => Constraint::Internal,
+        // UNIQUE 2067, PRIMARYKEY 1555, ROWID 2579, FOREIGNKEY 787; and the kinds the code does
+        // not tell (plain 19, TRIGGER 1811's RAISE(), COMMITHOOK 531, FUNCTION 1043, VTAB 2323:
+        // rules of the application's own, as before).
+        _ => Constraint::Conflict,
+    })
 }
 
 /// The extended result code of a sqlx error's `code()`, if it is SQLite's: one to four ASCII
@@ -166,6 +181,8 @@ pub fn sqlite_code_name(code: i32) -> &'static str {
         2067 => "SQLITE_CONSTRAINT_UNIQUE",
         2323 => "SQLITE_CONSTRAINT_VTAB",
         2579 => "SQLITE_CONSTRAINT_ROWID",
+        2835 => "SQLITE_CONSTRAINT_PINNED",
+        3091 => "SQLITE_CONSTRAINT_DATATYPE",
         _ => match code & 0xff {
             0 => "SQLITE_OK",
             1 => "SQLITE_ERROR",
@@ -233,13 +250,26 @@ mod tests {
 
     #[test]
     fn constraints() {
-        for code in [
-            19, 275, 531, 787, 1043, 1299, 1555, 1811, 2067, 2323, 2579, 3091,
+        use Constraint::*;
+        for (code, kind) in [
+            (19, Conflict),
+            (275, Invalid),
+            (531, Conflict),
+            (787, Conflict),
+            (1043, Conflict),
+            (1299, Invalid),
+            (1555, Conflict),
+            (1811, Conflict),
+            (2067, Conflict),
+            (2323, Conflict),
+            (2579, Conflict),
+            (2835, Internal),
+            (3091, Internal),
         ] {
-            assert!(is_sqlite_constraint(code), "{code}");
+            assert_eq!(sqlite_constraint(code), Some(kind), "{code}");
         }
         for code in [5, 6, 517, 1, 11, 13] {
-            assert!(!is_sqlite_constraint(code), "{code}");
+            assert_eq!(sqlite_constraint(code), None, "{code}");
         }
     }
 

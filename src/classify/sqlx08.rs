@@ -15,7 +15,7 @@ use sqlx_0_8 as sqlx;
 use sqlx::error::{DatabaseError, ErrorKind};
 
 use super::sqlite::sqlx_sqlite_code;
-use super::{Backend, Coded, Retryable};
+use super::{Backend, Coded, Constraint, Retryable};
 
 /// Whether a sqlx 0.8 error is worth replaying the whole request for, and why.
 ///
@@ -55,17 +55,16 @@ pub fn classify_sqlx_0_8(error: &sqlx::Error) -> Option<Retryable> {
     classify_error(error)
 }
 
-/// Whether a sqlx 0.8 error is a constraint violation (unique, foreign key, not null, check,
-/// exclusion): a conflict the client caused, answered `409` by [`DbError`](crate::DbError)
-/// and never replayed.
+/// Whether a sqlx 0.8 error is a constraint violation (unique, primary key, foreign key,
+/// exclusion, not null, check, ...): never replayed, and answered by [`DbError`](crate::DbError)
+/// per kind: `409 Conflict` for unique, primary key, foreign key and exclusion violations (a
+/// conflict with other rows), `422 Unprocessable Content` for NOT NULL and CHECK (the
+/// request's own content), `500` for SQLite's DATATYPE (the server's binding).
 ///
-/// sqlx's [`ErrorKind`] decides for every database (PostgreSQL class `23`: `23505`, `23503`,
-/// `23502`, `23514`, `23P01`; MySQL/MariaDB `1062` and the other duplicate-key numbers,
-/// `1451`/`1452`, `1048`, `3819`, MariaDB `4025`; SQLite's unique, primary key, foreign key,
-/// not null and check codes); besides, any SQLite primary code 19 (`SQLITE_CONSTRAINT_*`) and
-/// any PostgreSQL class `23` SQLSTATE (`23001` restrict_violation, ...) count. MySQL's SQLSTATE
-/// `23000` alone does not: it also covers errors the client did not cause (`1052`, an
-/// ambiguous column).
+/// The database's table decides (SQLite's extended result codes, PostgreSQL's class `23`,
+/// MySQL's error numbers: see the [`classify`](mod@crate::classify) module's tables); for a
+/// database whose feature is off, sqlx's [`ErrorKind`]. MySQL's SQLSTATE `23000` alone does
+/// not count: it also covers errors the client did not cause (`1052`, an ambiguous column).
 ///
 /// ```
 /// # use sqlx_0_8 as sqlx;
@@ -74,17 +73,23 @@ pub fn classify_sqlx_0_8(error: &sqlx::Error) -> Option<Retryable> {
 /// ```
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx-0_8")))]
 pub fn is_constraint_violation_sqlx_0_8(error: &sqlx::Error) -> bool {
-    let sqlx::Error::Database(db) = error else {
-        return false;
-    };
-    // sqlx 0.8 has no `ErrorKind::ExclusionViolation`; PostgreSQL's `23P01` is class `23`.
-    matches!(
-        db.kind(),
-        ErrorKind::UniqueViolation
-            | ErrorKind::ForeignKeyViolation
-            | ErrorKind::NotNullViolation
-            | ErrorKind::CheckViolation
-    ) || coded(db.as_ref()).is_constraint()
+    constraint_of(error).is_some()
+}
+
+/// The kind of constraint sqlx's `ErrorKind` says, for a database whose table is not compiled
+/// in (its feature is off).
+fn kind_constraint(kind: ErrorKind) -> Option<Constraint> {
+    match kind {
+        // sqlx 0.8 has no `ErrorKind::ExclusionViolation`.
+        ErrorKind::UniqueViolation | ErrorKind::ForeignKeyViolation => Some(Constraint::Conflict),
+        ErrorKind::NotNullViolation | ErrorKind::CheckViolation => Some(Constraint::Invalid),
+        _ => None,
+    }
+}
+
+/// The kind of constraint violation a sqlx error is, for [`DbError`](crate::DbError).
+pub(crate) fn constraint(error: &sqlx::Error) -> Option<Constraint> {
+    constraint_of(error)
 }
 
 super::sqlx_binding!();

@@ -26,7 +26,7 @@ async fn add(State(db): State<SqlitePool>, name: String) -> Result<StatusCode, D
 }
 
 /// A SQLite file in a directory of its own, and its options (WAL, busy timeout 0).
-fn database() -> (tempfile::TempDir, SqliteConnectOptions) {
+pub(crate) fn database() -> (tempfile::TempDir, SqliteConnectOptions) {
     let dir = tempfile::tempdir().unwrap();
     let options = SqliteConnectOptions::new()
         .filename(dir.path().join("stack.db"))
@@ -37,7 +37,7 @@ fn database() -> (tempfile::TempDir, SqliteConnectOptions) {
 }
 
 /// The app's pool: one connection, opened (and the schema created) before any lock is taken.
-async fn pool(options: &SqliteConnectOptions) -> SqlitePool {
+pub(crate) async fn pool(options: &SqliteConnectOptions) -> SqlitePool {
     let pool = SqlitePoolOptions::new()
         .max_connections(1)
         .connect_with(options.clone())
@@ -48,7 +48,7 @@ async fn pool(options: &SqliteConnectOptions) -> SqlitePool {
 }
 
 /// Takes the write lock on a connection of its own; the release rolls it back.
-async fn hold_write_lock(options: &SqliteConnectOptions) -> Release {
+pub(crate) async fn hold_write_lock(options: &SqliteConnectOptions) -> Release {
     let options = options.clone().busy_timeout(Duration::from_secs(5));
     let mut conn = SqliteConnection::connect_with(&options).await.unwrap();
     sqlx::query("BEGIN IMMEDIATE")

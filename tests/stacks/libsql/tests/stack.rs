@@ -15,7 +15,7 @@ use axum::extract::State;
 use axum::routing::post;
 use http::StatusCode;
 use libsql::Connection;
-use tower_sqlite_retry::DbError;
+use tower_sqlite_retry::{DbError, classify_libsql};
 
 use harness::{Attempts, Release};
 
@@ -94,4 +94,33 @@ async fn constraint_violation_is_409_and_not_replayed() {
     .await;
 
     harness::assert_conflict_not_replayed(&server, &attempts).await;
+}
+
+/// The `SQLITE_BUSY` that the connection causes itself, made for real: `COMMIT` while its own
+/// `INSERT ... RETURNING` has rows left to read. SQLite answers plain `5` with a message of its
+/// own; a replay would meet it again, so it is not retryable and answers `500`.
+#[tokio::test]
+async fn same_connection_busy_is_not_retryable() {
+    let (_dir, _db, conn) = database().await;
+    conn.execute("BEGIN", ()).await.unwrap();
+    let mut rows = conn
+        .query("INSERT INTO items (name) VALUES ('mine') RETURNING id", ())
+        .await
+        .unwrap();
+    rows.next().await.unwrap().expect("the inserted row");
+    let err = conn.execute("COMMIT", ()).await.unwrap_err();
+    drop(rows);
+    conn.execute("ROLLBACK", ()).await.unwrap();
+    let libsql::Error::SqliteFailure(code, message) = &err else {
+        panic!("{err:?}");
+    };
+    assert_eq!(
+        (*code, message.as_str()),
+        (5, "cannot commit transaction - SQL statements in progress")
+    );
+    assert_eq!(classify_libsql(&err), None);
+    assert_eq!(
+        DbError::from(err).status(),
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
 }
