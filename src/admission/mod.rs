@@ -81,6 +81,11 @@ use crate::route::Route;
 
 mod queue;
 
+#[allow(
+    unused_imports,
+    reason = "the wait's type, for a future that stores it unboxed"
+)]
+pub(crate) use queue::Acquire;
 pub(crate) use queue::{Admitted, RouteLimit};
 
 /// The locks the queue uses: the standard library's here, the model checker's when

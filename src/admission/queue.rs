@@ -344,7 +344,11 @@ impl Future for Acquire {
                 if let Some(i) = s.granted.iter().position(|g| *g == id) {
                     s.granted.swap_remove(i);
                 } else {
-                    if let Ok(i) = s.waiting.binary_search_by_key(&id, |w| w.id) {
+                    // Neither granted nor queued cannot be: only this future's drop removes
+                    // its id otherwise.
+                    let i = s.waiting.binary_search_by_key(&id, |w| w.id);
+                    debug_assert!(i.is_ok(), "a waiter neither queued nor granted");
+                    if let Ok(i) = i {
                         let waker = &mut s.waiting[i].waker;
                         match waker {
                             Some(w) if w.will_wake(cx.waker()) => {}
