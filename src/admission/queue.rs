@@ -398,4 +398,12 @@ impl RouteLimit {
         );
         assert!(s.granted.len() as u32 <= s.held, "granted slots are held");
     }
+
+    /// [`check`](Self::check), and no more slots held than the limit: true at any moment
+    /// unless the limit was just lowered below the slots then held.
+    pub(crate) fn check_within_limit(&self) {
+        self.check();
+        let s = self.lock();
+        assert!(s.held <= s.limit, "held {} > limit {}", s.held, s.limit);
+    }
 }
