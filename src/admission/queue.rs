@@ -150,7 +150,7 @@ impl State {
         self.grant(wakes);
     }
 
-    /// Whether a request arriving now may take a slot: one is free and nobody waits ahead.
+    /// Takes a slot for a request arriving now, if one is free and nobody waits ahead.
     fn take(&mut self) -> bool {
         let free = self.held < self.limit && self.waiting.is_empty();
         self.held += u32::from(free);
