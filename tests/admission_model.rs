@@ -7,7 +7,8 @@
 //! their wait at any point (before it is granted, or after it was granted but before it ran),
 //! give slots back, and move the limit down and up (directly and through the learning's
 //! windows). Checked throughout: the queue's invariants (nobody waits while a slot is free,
-//! arrival order, the limit within `1..=256`, a granted slot is held); a deadlock (a waiter
+//! arrival order, the limit within `1..=256`, a granted slot is held, and, in the schedules
+//! where the limit only rises, never more slots held than the limit); a deadlock (a waiter
 //! never woken) fails the schedule. Checked once all threads are done: every wait ended
 //! (granted or cancelled), no slot is held, and exactly `limit` requests can take one: no slot
 //! lost or minted.
@@ -64,10 +65,21 @@ fn assert_all_back(route: &Arc<RouteLimit>) {
     assert_eq!(route.held(), 0);
 }
 
-/// One execution: four threads around one route that starts at a limit of two.
-fn scenario() {
+/// One execution: four threads around one route. With `lowering`, it starts at a limit of
+/// two and one thread moves the limit down and up; without, it starts at one and only goes
+/// up, and then no more slots than the limit may ever be held.
+fn scenario(lowering: bool) {
+    let check = move |route: &RouteLimit| {
+        if lowering {
+            route.check();
+        } else {
+            route.check_within_limit();
+        }
+    };
     let route = Arc::new(RouteLimit::new());
-    route.set_limit(2);
+    if lowering {
+        route.set_limit(2);
+    }
     let mut threads = Vec::new();
 
     // Waits its turn twice, holding the slot across a yield.
@@ -75,10 +87,10 @@ fn scenario() {
     threads.push(thread::spawn(move || {
         for _ in 0..2 {
             let slot = block_on(r.admit());
-            r.check();
+            check(&r);
             thread::yield_now();
             drop(slot);
-            r.check();
+            check(&r);
         }
     }));
 
@@ -94,29 +106,37 @@ fn scenario() {
         let early = block_on(PollOnce(&mut wait));
         drop(wait);
         drop(early);
-        r.check();
+        check(&r);
         let mut wait = r.admit();
         let got = block_on(PollOnce(&mut wait));
         thread::yield_now();
         drop(got);
         drop(wait);
-        r.check();
+        check(&r);
     }));
 
     // Moves the limit: up, down through the learning (a window of collisions), down to one
-    // directly, then up again.
+    // directly, then up again; or, without lowering, from one (three requests may queue
+    // behind one slot) up by one twice.
     let r = route.clone();
     threads.push(thread::spawn(move || {
-        r.set_limit(3);
-        r.check();
-        for _ in 0..WINDOW_MIN.max(12) {
-            r.record(true);
+        if lowering {
+            r.set_limit(3);
+            check(&r);
+            for _ in 0..WINDOW_MIN.max(12) {
+                r.record(true);
+            }
+            check(&r);
+            r.set_limit(1);
         }
-        r.check();
-        r.set_limit(1);
         thread::yield_now();
         r.set_limit(2);
-        r.check();
+        check(&r);
+        if !lowering {
+            thread::yield_now();
+            r.set_limit(3);
+            check(&r);
+        }
     }));
 
     // One more plain waiter, so that hand-offs have someone behind them.
@@ -135,12 +155,18 @@ fn scenario() {
 
 #[test]
 fn random_schedules_never_lose_a_slot() {
-    shuttle::check_random(scenario, 10_000);
+    shuttle::check_random(|| scenario(true), 6_000);
 }
 
 #[test]
 fn pct_schedules_never_lose_a_slot() {
-    shuttle::check_pct(scenario, 10_000, 3);
+    shuttle::check_pct(|| scenario(true), 6_000, 3);
+}
+
+#[test]
+fn without_a_lowering_no_more_slots_than_the_limit_are_ever_held() {
+    shuttle::check_random(|| scenario(false), 3_000);
+    shuttle::check_pct(|| scenario(false), 3_000, 3);
 }
 
 /// The earlier design, as far as its accounting goes: a semaphore of permits, a lowering that

@@ -150,7 +150,7 @@ impl State {
         self.grant(wakes);
     }
 
-    /// Whether a request arriving now may take a slot: one is free and nobody waits ahead.
+    /// Takes a slot for a request arriving now, if one is free and nobody waits ahead.
     fn take(&mut self) -> bool {
         let free = self.held < self.limit && self.waiting.is_empty();
         self.held += u32::from(free);
@@ -344,7 +344,11 @@ impl Future for Acquire {
                 if let Some(i) = s.granted.iter().position(|g| *g == id) {
                     s.granted.swap_remove(i);
                 } else {
-                    if let Ok(i) = s.waiting.binary_search_by_key(&id, |w| w.id) {
+                    // Neither granted nor queued cannot be: only this future's drop removes
+                    // its id otherwise.
+                    let i = s.waiting.binary_search_by_key(&id, |w| w.id);
+                    debug_assert!(i.is_ok(), "a waiter neither queued nor granted");
+                    if let Ok(i) = i {
                         let waker = &mut s.waiting[i].waker;
                         match waker {
                             Some(w) if w.will_wake(cx.waker()) => {}
@@ -393,5 +397,13 @@ impl RouteLimit {
             "the queue is in arrival order"
         );
         assert!(s.granted.len() as u32 <= s.held, "granted slots are held");
+    }
+
+    /// [`check`](Self::check), and no more slots held than the limit: true at any moment
+    /// unless the limit was just lowered below the slots then held.
+    pub(crate) fn check_within_limit(&self) {
+        self.check();
+        let s = self.lock();
+        assert!(s.held <= s.limit, "held {} > limit {}", s.held, s.limit);
     }
 }
