@@ -328,6 +328,14 @@ impl Drop for Admitted {
     }
 }
 
+// A stand-in until the admission rework lands (it defines `RouteLimit::waiting` itself).
+impl RouteLimit {
+    /// Requests waiting for a slot now.
+    pub(crate) fn waiting(&self) -> u32 {
+        self.waiting.load(Ordering::Relaxed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -434,13 +442,5 @@ mod tests {
         }
         assert_eq!(route.limit(), MAX_LIMIT);
         assert_eq!(route.semaphore.available_permits(), MAX_LIMIT as usize);
-    }
-}
-
-// A stand-in until the admission rework lands (it defines `RouteLimit::waiting` itself).
-impl RouteLimit {
-    /// Requests waiting for a slot now.
-    pub(crate) fn waiting(&self) -> u32 {
-        self.waiting.load(Ordering::Relaxed)
     }
 }

@@ -228,20 +228,17 @@ impl RequestState {
 
     /// Whether the request holds a slot now, with requests queued behind it.
     pub(crate) fn holds_slot_with_queue(&self) -> bool {
-        let waiting = match &*self.lock_slot() {
+        match &*self.lock_slot() {
             Slot::Held {
                 limit,
                 admitted: Some(_),
             } => limit.waiting() > 0,
             Slot::Held { admitted: None, .. } | Slot::None => false,
-            Slot::Outer => {
-                return self
-                    .outer
-                    .as_ref()
-                    .is_some_and(|o| o.holds_slot_with_queue());
-            }
-        };
-        waiting
+            Slot::Outer => self
+                .outer
+                .as_ref()
+                .is_some_and(|o| o.holds_slot_with_queue()),
+        }
     }
 
     /// Counts how an attempt made under the request's slot ended in its route's window

@@ -206,20 +206,59 @@ async fn backoff_doubles_to_the_cap_and_stops_at_the_deadline() {
 
 #[tokio::test(start_paused = true)]
 async fn dropping_the_future_stops_further_attempts() {
-    let ms = Duration::from_millis;
-    let policy = RetryPolicy::default()
-        .base_delay(ms(100))
-        .max_delay(ms(100))
-        .jitter(Jitter::None);
+    // A request dropped during its replay holds everything a request can hold: the route's
+    // slot (its first attempt collided), the gate's one permit (a replay is running) and its
+    // buffered body. `hang` requests fail once, then hang in their replay.
     let calls = Arc::new(AtomicU32::new(0));
-    let svc = ServiceBuilder::new()
-        .layer(SqliteRetryLayer::new(policy))
-        .service(slow_busy(ms(10), calls.clone()));
-    let fut = svc.oneshot(req());
-    // Gone during the first backoff.
-    assert!(tokio::time::timeout(ms(50), fut).await.is_err());
-    tokio::time::sleep(ms(10_000)).await;
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let c = calls.clone();
+    let layer = SqliteRetryLayer::new(fast());
+    let metrics = layer.metrics();
+    let svc =
+        ServiceBuilder::new()
+            .layer(layer)
+            .service_fn(move |req: Request<ReplayBody<Body>>| {
+                let hang = req.headers().contains_key("hang");
+                let replay = req.extensions().get::<Attempt>().unwrap().is_replay();
+                if hang {
+                    c.fetch_add(1, Ordering::SeqCst);
+                }
+                async move {
+                    if !replay {
+                        return Ok::<_, Infallible>(busy());
+                    }
+                    if hang {
+                        std::future::pending::<()>().await;
+                    }
+                    Ok(ok())
+                }
+            });
+    let hanging = Request::post("/")
+        .header("hang", "1")
+        .body(Body::from("x"))
+        .unwrap();
+    let mut fut = Box::pin(svc.clone().oneshot(hanging));
+    for _ in 0..3 {
+        assert!(futures::poll!(&mut fut).is_pending());
+        tokio::time::advance(Duration::from_millis(10)).await;
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "in its replay");
+    assert_eq!(metrics.snapshot().buffered_bytes, 1);
+    drop(fut);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "no attempt after the drop");
+    let m = metrics.snapshot();
+    assert_eq!((m.cancelled, m.finished()), (1, 1), "counted, as cancelled");
+    assert_eq!(m.buffered_bytes, 0, "its buffered bytes given back");
+    // The slot and the gate permit came back: the next request passes both at once, and
+    // its replay too.
+    let res = svc.oneshot(req()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let o = res.extensions().get::<RetryOutcome>().unwrap();
+    assert_eq!(
+        (o.outcome(), o.attempts()),
+        (Outcome::SucceededAfterRetry, 2)
+    );
+    assert_eq!(metrics.snapshot().queued, 0, "never queued for the slot");
 }
 
 #[tokio::test]

@@ -266,7 +266,8 @@ async fn levels_match_what_happened() {
         ("succeeded_after_retry", base(), "/second", "x", vec![db_error.clone(), retrying.clone()]),
         ("exhausted", base(), "/busy", "x", vec![db_error.clone(), retrying.clone(), db_error.clone(), retrying.clone(), db_error.clone(), exhausted.clone()]),
         ("deadline", base().base_delay(Duration::from_millis(50)).max_delay(Duration::from_millis(50)).jitter(Jitter::None).deadline(Duration::from_millis(60)), "/slow", "x", vec![db_error.clone(), exhausted.clone()]),
-        ("budget_exhausted", base().tps_budget(0.0, 0), "/busy", "x", vec![db_error.clone(), not_retried.clone()]),
+        // The budget is asked when the replay would start, after its backoff.
+        ("budget_exhausted", base().tps_budget(0.0, 0), "/busy", "x", vec![db_error.clone(), retrying.clone(), not_retried.clone()]),
         ("not_replayable", base().max_body_bytes(1), "/busy", "too long", vec![(Level::DEBUG, "passing through without retries".to_owned()), db_error.clone(), not_retried.clone()]),
         ("fenced", base(), "/fenced", "x", vec![db_error.clone(), not_retried.clone()]),
         ("non_retryable", base(), "/conflict", "x", vec![db_error.clone(), retrying.clone()]),
