@@ -332,6 +332,7 @@ async fn a_replay_over_http_is_counted_recorded_and_described() {
     let unknown = "http_route=_unknown";
     let put = "http_request_method=PUT";
     let patch = "http_request_method=PATCH";
+    let x = "http_route=/x";
     // Two abandoned requests through two nested layers: two requests, one attempt each.
     assert_eq!(
         after.get(&series(
@@ -348,7 +349,7 @@ async fn a_replay_over_http_is_counted_recorded_and_described() {
     // Four queued attempts: two that passed at once, one that met its deadline after 1 s in
     // the queue, one whose client left after 5 ms in it.
     // (The deadline's timer fires on the next millisecond tick.)
-    match after.get(&series(recorder::QUEUE_WAIT, &[unknown, patch])) {
+    match after.get(&series(recorder::QUEUE_WAIT, &[x, patch])) {
         Some(DebugValue::Histogram(w))
             if w.len() == 4
                 && (w[0], w[1], w[3]) == (0.0.into(), 0.0.into(), 0.005.into())
@@ -390,26 +391,26 @@ async fn waits_cut_short_are_sampled_once() {
     let release = Arc::new(tokio::sync::Notify::new());
     let (c, r) = (calls.clone(), release.clone());
     let layer = SqliteRetryLayer::new(policy(5).deadline(Duration::from_secs(1)));
-    let svc =
-        ServiceBuilder::new()
-            .layer(layer)
-            .service_fn(move |req: Request<ReplayBody<Body>>| {
-                let n = c.fetch_add(1, Ordering::SeqCst);
-                let r = r.clone();
-                let hold = req.headers().contains_key("hold");
-                async move {
-                    if n == 0 {
-                        let mut res = StatusCode::SERVICE_UNAVAILABLE.into_response();
-                        res.extensions_mut()
-                            .insert(Retryable::new("5", "SQLITE_BUSY"));
-                        return Ok::<_, Infallible>(res);
-                    }
-                    if hold {
-                        r.notified().await;
-                    }
-                    Ok(StatusCode::OK.into_response())
-                }
-            });
+    let handler = move |headers: http::HeaderMap| {
+        let n = c.fetch_add(1, Ordering::SeqCst);
+        let r = r.clone();
+        async move {
+            if n == 0 {
+                let mut res = StatusCode::SERVICE_UNAVAILABLE.into_response();
+                res.extensions_mut()
+                    .insert(Retryable::new("5", "SQLITE_BUSY"));
+                return res;
+            }
+            if headers.contains_key("hold") {
+                r.notified().await;
+            }
+            StatusCode::OK.into_response()
+        }
+    };
+    // Writer admission needs the route template: the layer inside the router.
+    let app = Router::new()
+        .route("/x", axum::routing::patch(handler))
+        .layer(layer);
     let patch = |hold: bool| {
         let mut req = Request::patch("/x");
         if hold {
@@ -418,20 +419,20 @@ async fn waits_cut_short_are_sampled_once() {
         req.body(Body::from("x")).unwrap()
     };
     // Attempt 2 passes the (new) slot and the gate at once: one sample.
-    let res = svc.clone().oneshot(patch(false)).await.unwrap();
+    let res = app.clone().oneshot(patch(false)).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     // The holder passes at once too: one sample.
-    let holder = tokio::spawn(svc.clone().oneshot(patch(true)));
+    let holder = tokio::spawn(app.clone().oneshot(patch(true)));
     while calls.load(Ordering::SeqCst) < 3 {
         tokio::task::yield_now().await;
     }
-    let late = svc.clone().oneshot(patch(false)).await.unwrap();
+    let late = app.clone().oneshot(patch(false)).await.unwrap();
     assert_eq!(
         late.status(),
         StatusCode::SERVICE_UNAVAILABLE,
         "its deadline"
     );
-    let mut gone = Box::pin(svc.oneshot(patch(false)));
+    let mut gone = Box::pin(app.oneshot(patch(false)));
     assert!(futures::poll!(&mut gone).is_pending());
     tokio::time::advance(Duration::from_millis(5)).await;
     drop(gone);

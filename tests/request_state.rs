@@ -11,8 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::Router;
 use axum::body::Body;
 use axum::response::IntoResponse;
+use axum::routing::post as post_route;
 use futures::poll;
 use http::{Request, Response, StatusCode};
 use tokio::sync::Notify;
@@ -188,46 +190,58 @@ async fn a_fence_during_the_readiness_wait_stops_the_replay() {
     assert_eq!(gated.handler.x_calls.load(Ordering::SeqCst), 1);
 }
 
-/// Finding: when a slot and the deadline came in the same wake, the attempt started past the
-/// deadline (the deadline was looked at only while the wait was pending).
-#[tokio::test(start_paused = true)]
-async fn a_slot_that_comes_with_the_deadline_starts_no_attempt() {
+/// A route `/w` whose first call collides (the route gets one slot), then answers 200; a
+/// request with a `hold` header says so on `holding` and answers only once `release` is
+/// notified. Behind `layers` clones of `layer` (writer admission needs the route template).
+fn route_w(
+    layer: &SqliteRetryLayer,
+    layers: usize,
+) -> (Router, Arc<AtomicU32>, Arc<Notify>, Arc<Notify>) {
     let calls = Arc::new(AtomicU32::new(0));
     let holding = Arc::new(Notify::new());
     let release = Arc::new(Notify::new());
     let (c, h, r) = (calls.clone(), holding.clone(), release.clone());
+    let handler = move |headers: http::HeaderMap| {
+        let n = c.fetch_add(1, Ordering::SeqCst);
+        let (h, r) = (h.clone(), r.clone());
+        async move {
+            if n == 0 {
+                return busy();
+            }
+            tokio::time::sleep(ms(1)).await;
+            if headers.contains_key("hold") {
+                h.notify_one();
+                r.notified().await;
+            }
+            StatusCode::OK.into_response()
+        }
+    };
+    let mut router = Router::new().route("/w", post_route(handler));
+    for _ in 0..layers {
+        router = router.layer(layer.clone());
+    }
+    (router, calls, holding, release)
+}
+
+/// Finding: when a slot and the deadline came in the same wake, the attempt started past the
+/// deadline (the deadline was looked at only while the wait was pending).
+#[tokio::test(start_paused = true)]
+async fn a_slot_that_comes_with_the_deadline_starts_no_attempt() {
     let layer = SqliteRetryLayer::new(policy(Admission::Adaptive).deadline(ms(1000)));
-    let svc =
-        ServiceBuilder::new()
-            .layer(layer)
-            .service_fn(move |req: Request<ReplayBody<Body>>| {
-                let n = c.fetch_add(1, Ordering::SeqCst);
-                let (h, r) = (h.clone(), r.clone());
-                let hold = req.headers().contains_key("hold");
-                async move {
-                    if n == 0 {
-                        // The first call limits the route (one slot).
-                        return Ok::<_, Infallible>(busy());
-                    }
-                    if hold {
-                        h.notify_one();
-                        r.notified().await;
-                    }
-                    Ok(StatusCode::OK.into_response())
-                }
-            });
-    let res = svc.clone().oneshot(post("/w")).await.unwrap();
+    let (app, calls, holding, release) = route_w(&layer, 1);
+    let res = app.clone().oneshot(post("/w")).await.unwrap();
     assert_eq!(outcome(&res), (Outcome::SucceededAfterRetry, 2));
     // A request takes the route's one slot and keeps it.
     let hold = Request::post("/w")
         .header("hold", "1")
         .body(Body::from("x"))
         .unwrap();
-    let holder = tokio::spawn(svc.clone().oneshot(hold));
+    let holder = tokio::spawn(app.clone().oneshot(hold));
     holding.notified().await;
     // Another queues behind it, its deadline 1 s away.
-    let mut late = pin!(svc.oneshot(post("/w")));
+    let mut late = pin!(app.oneshot(post("/w")));
     assert!(settle(&mut late).await.is_pending(), "queued for the slot");
+    assert_eq!(layer.metrics().snapshot().queued, 1);
     // The deadline passes, and the slot comes back, before the queued request is polled again.
     tokio::time::advance(ms(1000)).await;
     release.notify_one();
@@ -243,41 +257,12 @@ async fn a_slot_that_comes_with_the_deadline_starts_no_attempt() {
     assert_eq!(outcome(&res), (Outcome::Deadline, 0));
 }
 
-/// A handler taking 1 ms whose first call collides (its route gets a limit of one).
-fn collides_once<B>() -> impl Service<
-    Request<B>,
-    Response = Response<Body>,
-    Error = Infallible,
-    Future = impl Future<Output = Result<Response<Body>, Infallible>> + Send,
-> + Clone
-+ Send {
-    let calls = Arc::new(AtomicU32::new(0));
-    tower::service_fn(move |_: Request<B>| {
-        let n = calls.fetch_add(1, Ordering::SeqCst);
-        async move {
-            tokio::time::sleep(ms(1)).await;
-            Ok::<_, Infallible>(if n == 0 {
-                busy()
-            } else {
-                StatusCode::OK.into_response()
-            })
-        }
-    })
-}
-
-/// Sends one request, then `n` at once, through `svc`; all must answer 200.
-async fn one_then_many<S>(svc: S, n: usize)
-where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send,
-{
-    let first = svc.clone().oneshot(post("/w")).await.unwrap();
+/// Sends one request, then `n` at once; all must answer 200.
+async fn one_then_many(app: Router, n: usize) {
+    let first = app.clone().oneshot(post("/w")).await.unwrap();
     assert_eq!(first.status(), StatusCode::OK);
     let all: Vec<_> = (0..n)
-        .map(|_| tokio::spawn(svc.clone().oneshot(post("/w"))))
+        .map(|_| tokio::spawn(app.clone().oneshot(post("/w"))))
         .collect();
     for r in futures::future::join_all(all).await {
         assert_eq!(r.unwrap().unwrap().status(), StatusCode::OK);
@@ -291,19 +276,19 @@ where
 #[tokio::test(start_paused = true)]
 async fn nested_clones_of_one_layer_learn_their_limit() {
     let one = SqliteRetryLayer::new(policy(Admission::Adaptive));
-    let svc = ServiceBuilder::new()
-        .layer(one.clone())
-        .service(collides_once::<ReplayBody<Body>>());
-    one_then_many(svc, 64).await;
+    let (app, ..) = route_w(&one, 1);
+    let first = app.clone().oneshot(post("/w")).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let at_first = one.admission_limits();
+    one_then_many(app, 64).await;
     let learned = one.admission_limits();
-    assert!(learned[0].1 > 1, "one layer: {learned:?}");
+    assert_ne!(learned, at_first, "one layer learns");
 
     let nested = SqliteRetryLayer::new(policy(Admission::Adaptive));
-    let svc = ServiceBuilder::new()
-        .layer(nested.clone())
-        .layer(nested.clone())
-        .service(collides_once::<ReplayBody<ReplayBody<Body>>>());
-    one_then_many(svc, 64).await;
+    let (app, ..) = route_w(&nested, 2);
+    let first = app.clone().oneshot(post("/w")).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    one_then_many(app, 64).await;
     assert_eq!(
         nested.admission_limits(),
         learned,

@@ -207,36 +207,36 @@ async fn backoff_doubles_to_the_cap_and_stops_at_the_deadline() {
 #[tokio::test(start_paused = true)]
 async fn dropping_the_future_stops_further_attempts() {
     // A request dropped during its replay holds everything a request can hold: the route's
-    // slot (its first attempt collided), the gate's one permit (a replay is running) and its
-    // buffered body. `hang` requests fail once, then hang in their replay.
+    // slot (its first attempt collided; writer admission needs the route template, so this
+    // one runs in a router), the gate's one permit (a replay is running) and its buffered
+    // body. `hang` requests fail once, then hang in their replay.
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
     let layer = SqliteRetryLayer::new(fast());
     let metrics = layer.metrics();
-    let svc =
-        ServiceBuilder::new()
-            .layer(layer)
-            .service_fn(move |req: Request<ReplayBody<Body>>| {
-                let hang = req.headers().contains_key("hang");
-                let replay = req.extensions().get::<Attempt>().unwrap().is_replay();
-                if hang {
-                    c.fetch_add(1, Ordering::SeqCst);
-                }
-                async move {
-                    if !replay {
-                        return Ok::<_, Infallible>(busy());
-                    }
-                    if hang {
-                        std::future::pending::<()>().await;
-                    }
-                    Ok(ok())
-                }
-            });
+    let handler = move |attempt: Attempt, headers: http::HeaderMap| {
+        let hang = headers.contains_key("hang");
+        if hang {
+            c.fetch_add(1, Ordering::SeqCst);
+        }
+        async move {
+            if !attempt.is_replay() {
+                return busy();
+            }
+            if hang {
+                std::future::pending::<()>().await;
+            }
+            ok()
+        }
+    };
+    let app = axum::Router::new()
+        .route("/", axum::routing::post(handler))
+        .layer(layer);
     let hanging = Request::post("/")
         .header("hang", "1")
         .body(Body::from("x"))
         .unwrap();
-    let mut fut = Box::pin(svc.clone().oneshot(hanging));
+    let mut fut = Box::pin(app.clone().oneshot(hanging));
     for _ in 0..3 {
         assert!(futures::poll!(&mut fut).is_pending());
         tokio::time::advance(Duration::from_millis(10)).await;
@@ -249,9 +249,9 @@ async fn dropping_the_future_stops_further_attempts() {
     let m = metrics.snapshot();
     assert_eq!((m.cancelled, m.finished()), (1, 1), "counted, as cancelled");
     assert_eq!(m.buffered_bytes, 0, "its buffered bytes given back");
-    // The slot and the gate permit came back: the next request passes both at once, and
-    // its replay too.
-    let res = svc.oneshot(req()).await.unwrap();
+    // The slot and the gate permit came back: the next request passes both at once (were
+    // either kept, it would wait out its deadline: 503), and its replay too.
+    let res = app.oneshot(req()).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     let o = res.extensions().get::<RetryOutcome>().unwrap();
     assert_eq!(
