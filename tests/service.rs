@@ -218,6 +218,13 @@ async fn dropping_the_future_stops_further_attempts() {
         let hang = headers.contains_key("hang");
         if hang {
             c.fetch_add(1, Ordering::SeqCst);
+            // A task of the handler's keeps its `Attempt` (and so the request's state) alive
+            // past the request: the slot must come back all the same.
+            let kept = attempt.clone();
+            tokio::spawn(async move {
+                let _kept = kept;
+                std::future::pending::<()>().await;
+            });
         }
         async move {
             if !attempt.is_replay() {
