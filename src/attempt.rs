@@ -3,7 +3,7 @@
 use std::cell::Cell;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -12,6 +12,15 @@ use tokio::time::Instant;
 use axum::extract::FromRequestParts;
 
 use crate::admission::{Admitted, RouteLimit};
+
+mod slot;
+use slot::SlotState;
+
+/// The synchronization types `slot.rs` uses: std's here, shuttle's in its model test.
+mod sync {
+    pub(super) use std::sync::atomic::{AtomicBool, Ordering};
+    pub(super) use std::sync::{Arc, Mutex, MutexGuard};
+}
 
 /// The request extension on every attempt: which attempt this is (1-based) and how many are
 /// allowed.
@@ -53,48 +62,28 @@ pub struct Attempt {
     request: Option<Arc<RequestState>>,
 }
 
-/// What the layer and every attempt of one request share: the fence, the admission slot, the
-/// deadline, and (for nested layers) whether an inner layer took the request over and how it
-/// ended there.
+/// What the layer and every attempt of one request share: the fence and the admission slot
+/// (in [`SlotState`]), the deadline, and (for nested layers) whether an inner layer took the
+/// request over and how it ended there.
 ///
 /// Every request the layer handles has one, replayable or not, from the moment its response
 /// future is made: the slot, the fence and the claim each live here and nowhere else, so that
 /// the fence, the end of the request and the drop of its future give the slot back by one path
 /// ([`release_slot`](Self::release_slot)).
 pub(crate) struct RequestState {
-    /// The layer that made this state (the address of its shared state).
-    layer: usize,
     /// The retry budget this request deposited into (its address), or 0.
     budget: usize,
-    fenced: AtomicBool,
+    /// The fence and the slot, this request's and its outer layers'.
+    slot: Arc<SlotState<Admitted, Arc<RouteLimit>>>,
     claimed: AtomicBool,
     /// The inner layer's result: outcome index + 1 in the high 32 bits (0 = none yet),
     /// attempts in the low 32.
     inner: AtomicU64,
-    /// The request's writer-admission slot: here rather than in the response future, so that
-    /// the fence gives it back the moment the handler has committed.
-    slot: Mutex<Slot>,
     /// When the request's time is up: set once, when its body is in.
     deadline: OnceLock<Option<Instant>>,
-    /// The request state of the outer layer this request was taken over from, if any: the
-    /// fence gives its slot back too.
+    /// The request state of the outer layer this request was taken over from, if any (its
+    /// slot is `slot`'s outer).
     outer: Option<Arc<RequestState>>,
-}
-
-/// Where a request's writer-admission slot is: the one home of that fact.
-pub(crate) enum Slot {
-    /// None: the route had no limit when the request queued, or admission is off.
-    None,
-    /// A slot of `limit`, until given back (the fence, the end, the drop): `admitted` is then
-    /// `None`, and `limit` stays, so that an attempt that ends after the fence is still
-    /// counted in the route's window.
-    Held {
-        limit: Arc<RouteLimit>,
-        admitted: Option<Admitted>,
-    },
-    /// An outer clone of this very layer holds the request's slot (in `outer`): this one
-    /// neither waits for another nor gives it back, but its attempts count in its window.
-    Outer,
 }
 
 impl RequestState {
@@ -102,17 +91,12 @@ impl RequestState {
     /// depositing into the budget `budget` (its address, or 0), taken over from an outer
     /// layer's request `outer`, if any.
     pub(crate) fn new(layer: usize, budget: usize, outer: Option<Arc<RequestState>>) -> Self {
-        let slot = match &outer {
-            Some(o) if o.layer == layer && !matches!(*o.lock_slot(), Slot::None) => Slot::Outer,
-            _ => Slot::None,
-        };
+        let slot = SlotState::new(layer, outer.as_ref().map(|o| o.slot.clone()));
         Self {
-            layer,
             budget,
-            fenced: AtomicBool::new(false),
+            slot: Arc::new(slot),
             claimed: AtomicBool::new(false),
             inner: AtomicU64::new(0),
-            slot: Mutex::new(slot),
             deadline: OnceLock::new(),
             outer,
         }
@@ -125,18 +109,13 @@ impl RequestState {
     }
 
     pub(crate) fn is_fenced(&self) -> bool {
-        self.fenced.load(Ordering::Acquire)
+        self.slot.is_fenced()
     }
 
     /// Declares a replay unsafe from here on and gives back the request's slot and those of
     /// the outer layers it was taken over from: its transaction is over.
     pub(crate) fn fence(&self) {
-        self.fenced.store(true, Ordering::Release);
-        let mut state = Some(self);
-        while let Some(s) = state {
-            s.release_slot();
-            state = s.outer.as_deref();
-        }
+        self.slot.fence();
     }
 
     /// The request's deadline, once its body is in (`None` before, or when the deadline is
@@ -179,72 +158,30 @@ impl RequestState {
         Some((outcome, packed as u32))
     }
 
-    fn lock_slot(&self) -> MutexGuard<'_, Slot> {
-        self.slot.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Whether the request has yet to queue for a slot (it holds none, and no outer clone of
-    /// its layer holds one for it).
+    /// Whether the request has yet to queue for a slot.
     pub(crate) fn needs_slot(&self) -> bool {
-        matches!(*self.lock_slot(), Slot::None)
+        self.slot.needs_slot()
     }
 
-    /// Keeps the request's admission slot until the fence or the end of the request. A
-    /// request already fenced gives it back at once.
+    /// Keeps the request's admission slot until the fence or the end of the request.
     pub(crate) fn hold(&self, limit: Arc<RouteLimit>, admitted: Admitted) {
-        let previous = std::mem::replace(
-            &mut *self.lock_slot(),
-            Slot::Held {
-                limit,
-                admitted: Some(admitted),
-            },
-        );
-        // Dropped outside the lock (a request is admitted once; were it not, the old slot
-        // goes back here).
-        drop(previous);
-        if self.is_fenced() {
-            self.release_slot();
-        }
+        self.slot.hold(limit, admitted);
     }
 
     /// Gives the admission slot back, if the request still holds it. Idempotent.
     pub(crate) fn release_slot(&self) {
-        let admitted = match &mut *self.lock_slot() {
-            Slot::Held { admitted, .. } => admitted.take(),
-            Slot::None | Slot::Outer => None,
-        };
-        // Dropped outside the lock: that wakes the next request in the queue.
-        drop(admitted);
-    }
-
-    /// The limit whose slot this request holds or held (its own, or an outer clone's).
-    pub(crate) fn limit(&self) -> Option<Arc<RouteLimit>> {
-        match &*self.lock_slot() {
-            Slot::Held { limit, .. } => Some(limit.clone()),
-            Slot::None => None,
-            Slot::Outer => self.outer.as_ref().and_then(|o| o.limit()),
-        }
+        self.slot.release();
     }
 
     /// Whether the request holds a slot now, with requests queued behind it.
     pub(crate) fn holds_slot_with_queue(&self) -> bool {
-        match &*self.lock_slot() {
-            Slot::Held {
-                limit,
-                admitted: Some(_),
-            } => limit.waiting() > 0,
-            Slot::Held { admitted: None, .. } | Slot::None => false,
-            Slot::Outer => self
-                .outer
-                .as_ref()
-                .is_some_and(|o| o.holds_slot_with_queue()),
-        }
+        self.slot.holding().is_some_and(|l| l.waiting() > 0)
     }
 
     /// Counts how an attempt made under the request's slot ended in its route's window
     /// (`collided`: it failed retryably). Nothing when the request was never admitted.
     pub(crate) fn record(&self, collided: bool) {
-        if let Some(limit) = self.limit() {
+        if let Some(limit) = self.slot.limit() {
             limit.record(collided);
         }
     }
