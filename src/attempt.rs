@@ -14,7 +14,7 @@ use axum::extract::FromRequestParts;
 use crate::admission::{Admitted, RouteLimit};
 
 mod slot;
-use slot::SlotState;
+use slot::{HoldsSlot, SlotState};
 
 /// The synchronization types `slot.rs` uses: std's here, shuttle's in its model test.
 mod sync {
@@ -73,17 +73,24 @@ pub struct Attempt {
 pub(crate) struct RequestState {
     /// The retry budget this request deposited into (its address), or 0.
     budget: usize,
-    /// The fence and the slot, this request's and its outer layers'.
-    slot: Arc<SlotState<Admitted, Arc<RouteLimit>>>,
+    /// The fence and the slot, this request's and (through its outer state) its outer
+    /// layers'.
+    slot: SlotState<RequestState>,
     claimed: AtomicBool,
     /// The inner layer's result: outcome index + 1 in the high 32 bits (0 = none yet),
     /// attempts in the low 32.
     inner: AtomicU64,
     /// When the request's time is up: set once, when its body is in.
     deadline: OnceLock<Option<Instant>>,
-    /// The request state of the outer layer this request was taken over from, if any (its
-    /// slot is `slot`'s outer).
-    outer: Option<Arc<RequestState>>,
+}
+
+impl HoldsSlot for RequestState {
+    type Admitted = Admitted;
+    type Limit = Arc<RouteLimit>;
+
+    fn slot_state(&self) -> &SlotState<Self> {
+        &self.slot
+    }
 }
 
 impl RequestState {
@@ -91,21 +98,19 @@ impl RequestState {
     /// depositing into the budget `budget` (its address, or 0), taken over from an outer
     /// layer's request `outer`, if any.
     pub(crate) fn new(layer: usize, budget: usize, outer: Option<Arc<RequestState>>) -> Self {
-        let slot = SlotState::new(layer, outer.as_ref().map(|o| o.slot.clone()));
         Self {
             budget,
-            slot: Arc::new(slot),
+            slot: SlotState::new(layer, outer),
             claimed: AtomicBool::new(false),
             inner: AtomicU64::new(0),
             deadline: OnceLock::new(),
-            outer,
         }
     }
 
     /// Whether the outer layer this request came from already deposited into the same budget
     /// for it (nested layers sharing one budget deposit once per request).
     pub(crate) fn outer_deposited(&self) -> bool {
-        self.budget != 0 && self.outer.as_ref().is_some_and(|o| o.budget == self.budget)
+        self.budget != 0 && self.outer().is_some_and(|o| o.budget == self.budget)
     }
 
     pub(crate) fn is_fenced(&self) -> bool {
@@ -131,7 +136,7 @@ impl RequestState {
 
     /// The request state of the outer layer this one was taken over from.
     pub(crate) fn outer(&self) -> Option<&RequestState> {
-        self.outer.as_deref()
+        self.slot.outer().map(|o| &**o)
     }
 
     /// An inner layer takes this request over: the layer that made this state must pass its

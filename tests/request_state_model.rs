@@ -22,8 +22,24 @@ mod sync {
 #[path = "../src/attempt/slot.rs"]
 mod slot;
 
-use slot::SlotState;
+use slot::{HoldsSlot, SlotState};
 use sync::{Arc, Ordering};
+
+/// A request's whole state, in the model: its slot state only.
+struct Request(SlotState<Request>);
+
+impl HoldsSlot for Request {
+    type Admitted = Token;
+    type Limit = Limit;
+
+    fn slot_state(&self) -> &SlotState<Self> {
+        &self.0
+    }
+}
+
+fn request(layer: usize, outer: Option<Arc<Request>>) -> Arc<Request> {
+    Arc::new(Request(SlotState::new(layer, outer)))
+}
 
 /// Slots held now, across the model.
 #[derive(Clone, Default)]
@@ -59,40 +75,40 @@ fn held(h: &Held) -> isize {
 /// A slot granted as the fence lands: whichever comes first, the slot is not kept.
 fn grant_against_fence() {
     let h = Held::default();
-    let request: Arc<SlotState<Token, Limit>> = Arc::new(SlotState::new(LAYER, None));
+    let request = request(LAYER, None);
     let granted = {
         let (r, h) = (request.clone(), h.clone());
-        thread::spawn(move || r.hold("/w", Token::take(&h)))
+        thread::spawn(move || r.0.hold("/w", Token::take(&h)))
     };
     let fence = {
         let r = request.clone();
-        thread::spawn(move || r.fence())
+        thread::spawn(move || r.0.fence())
     };
     granted.join().unwrap();
     fence.join().unwrap();
-    assert!(request.is_fenced());
+    assert!(request.0.is_fenced());
     assert_eq!(held(&h), 0, "the slot is not kept past the fence");
     assert_eq!(
-        request.limit(),
+        request.0.limit(),
         Some("/w"),
         "the limit stays for the window"
     );
-    assert!(!request.needs_slot(), "never queued again");
+    assert!(!request.0.needs_slot(), "never queued again");
 }
 
 /// The fence (a spawned task), the end (the future) and the drop of the last reference (the
 /// future and the `Attempt`s going away) race: the slot comes back exactly once.
 fn fence_end_and_drop() {
     let h = Held::default();
-    let request: Arc<SlotState<Token, Limit>> = Arc::new(SlotState::new(LAYER, None));
-    request.hold("/w", Token::take(&h));
+    let request = request(LAYER, None);
+    request.0.hold("/w", Token::take(&h));
     let fence = {
         let r = request.clone();
-        thread::spawn(move || r.fence())
+        thread::spawn(move || r.0.fence())
     };
     let end = {
         let r = request.clone();
-        thread::spawn(move || r.release())
+        thread::spawn(move || r.0.release())
     };
     let dropped = {
         let r = request.clone();
@@ -109,37 +125,37 @@ fn fence_end_and_drop() {
 /// from it) fences, records and ends while the outer one ends.
 fn nested_clones() {
     let h = Held::default();
-    let outer: Arc<SlotState<Token, Limit>> = Arc::new(SlotState::new(LAYER, None));
-    outer.hold("/w", Token::take(&h));
-    let inner: Arc<SlotState<Token, Limit>> = Arc::new(SlotState::new(LAYER, Some(outer.clone())));
-    assert!(!inner.needs_slot(), "the outer clone holds it");
+    let outer = request(LAYER, None);
+    outer.0.hold("/w", Token::take(&h));
+    let inner = request(LAYER, Some(outer.clone()));
+    assert!(!inner.0.needs_slot(), "the outer clone holds it");
     let fence = {
         let i = inner.clone();
-        thread::spawn(move || i.fence())
+        thread::spawn(move || i.0.fence())
     };
     let record = {
         let i = inner.clone();
         thread::spawn(move || {
             assert_eq!(
-                i.limit(),
+                i.0.limit(),
                 Some("/w"),
                 "the inner clone records in the same window"
             );
-            i.release();
+            i.0.release();
         })
     };
     let outer_end = {
         let o = outer.clone();
-        thread::spawn(move || o.release())
+        thread::spawn(move || o.0.release())
     };
     fence.join().unwrap();
     record.join().unwrap();
     outer_end.join().unwrap();
     assert_eq!(held(&h), 0);
-    assert!(inner.holding().is_none() && outer.holding().is_none());
+    assert!(inner.0.holding().is_none() && outer.0.holding().is_none());
     // A different layer nested inside does not hold through the outer one.
-    let other: SlotState<Token, Limit> = SlotState::new(LAYER + 1, Some(outer));
-    assert!(other.needs_slot());
+    let other = request(LAYER + 1, Some(outer));
+    assert!(other.0.needs_slot());
 }
 
 #[test]

@@ -4,8 +4,10 @@
 //! `tests/request_state_model.rs` includes this file as is over `shuttle`'s, and model-checks
 //! it under thousands of schedules.
 //!
-//! Generic over the slot `A` (dropping it gives the slot back) and the limit `L` it was taken
-//! under, so that the model can count slots without the admission queue.
+//! Generic over what holds it (`P`, the request's whole state, whose outer layers' states the
+//! fence reaches), the slot `P::Admitted` (dropping it gives the slot back) and the limit
+//! `P::Limit` it was taken under, so that the model can count slots without the admission
+//! queue. The outer chain is the request states themselves: no allocation of its own.
 
 use super::sync::{Arc, AtomicBool, Mutex, MutexGuard, Ordering};
 
@@ -22,22 +24,32 @@ pub(crate) enum Slot<A, L> {
     Outer,
 }
 
-/// The fence and the slot of one request, and those of the outer layer it was taken over
-/// from.
-pub(crate) struct SlotState<A, L> {
+/// A request's whole state, which holds its [`SlotState`].
+pub(crate) trait HoldsSlot: Sized {
+    /// A slot: dropping it gives it back.
+    type Admitted;
+    /// The limit a slot is taken under.
+    type Limit: Clone;
+
+    fn slot_state(&self) -> &SlotState<Self>;
+}
+
+/// The fence and the slot of one request, and the state of the outer layer it was taken
+/// over from.
+pub(crate) struct SlotState<P: HoldsSlot> {
     /// The layer that made this state (the address of its shared state).
     layer: usize,
     fenced: AtomicBool,
-    slot: Mutex<Slot<A, L>>,
-    outer: Option<Arc<SlotState<A, L>>>,
+    slot: Mutex<Slot<P::Admitted, P::Limit>>,
+    outer: Option<Arc<P>>,
 }
 
-impl<A, L: Clone> SlotState<A, L> {
+impl<P: HoldsSlot> SlotState<P> {
     /// The state of a request of the layer `layer`, taken over from `outer` if any: when
     /// `outer` is a clone of the same layer that holds (or held) a slot for this request,
     /// this one holds it through `outer`.
-    pub(crate) fn new(layer: usize, outer: Option<Arc<SlotState<A, L>>>) -> Self {
-        let slot = match &outer {
+    pub(crate) fn new(layer: usize, outer: Option<Arc<P>>) -> Self {
+        let slot = match outer.as_deref().map(HoldsSlot::slot_state) {
             Some(o) if o.layer == layer && !matches!(*o.lock(), Slot::None) => Slot::Outer,
             _ => Slot::None,
         };
@@ -49,7 +61,12 @@ impl<A, L: Clone> SlotState<A, L> {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Slot<A, L>> {
+    /// The state of the outer layer this request was taken over from.
+    pub(crate) fn outer(&self) -> Option<&Arc<P>> {
+        self.outer.as_ref()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Slot<P::Admitted, P::Limit>> {
         self.slot.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -64,7 +81,7 @@ impl<A, L: Clone> SlotState<A, L> {
         let mut state = Some(self);
         while let Some(s) = state {
             s.release();
-            state = s.outer.as_deref();
+            state = s.outer.as_deref().map(HoldsSlot::slot_state);
         }
     }
 
@@ -76,7 +93,7 @@ impl<A, L: Clone> SlotState<A, L> {
 
     /// Keeps the request's slot until the fence or the end of the request. A request already
     /// fenced gives it back at once (the fence may have come while it waited).
-    pub(crate) fn hold(&self, limit: L, admitted: A) {
+    pub(crate) fn hold(&self, limit: P::Limit, admitted: P::Admitted) {
         let previous = std::mem::replace(
             &mut *self.lock(),
             Slot::Held {
@@ -104,24 +121,24 @@ impl<A, L: Clone> SlotState<A, L> {
     }
 
     /// The limit whose slot this request holds or held (its own, or an outer clone's).
-    pub(crate) fn limit(&self) -> Option<L> {
+    pub(crate) fn limit(&self) -> Option<P::Limit> {
         match &*self.lock() {
             Slot::Held { limit, .. } => Some(limit.clone()),
             Slot::None => None,
-            Slot::Outer => self.outer.as_ref().and_then(|o| o.limit()),
+            Slot::Outer => self.outer.as_ref().and_then(|o| o.slot_state().limit()),
         }
     }
 
     /// The limit whose slot this request holds now (its own, or an outer clone's), if it
     /// still holds it.
-    pub(crate) fn holding(&self) -> Option<L> {
+    pub(crate) fn holding(&self) -> Option<P::Limit> {
         match &*self.lock() {
             Slot::Held {
                 limit,
                 admitted: Some(_),
             } => Some(limit.clone()),
             Slot::Held { admitted: None, .. } | Slot::None => None,
-            Slot::Outer => self.outer.as_ref().and_then(|o| o.holding()),
+            Slot::Outer => self.outer.as_ref().and_then(|o| o.slot_state().holding()),
         }
     }
 }
