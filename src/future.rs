@@ -221,19 +221,9 @@ where
         let max_attempts = policy.max_attempts;
         let (head, body) = req.into_parts();
         let route = Route::of(&head);
-        let span = tracing::info_span!(
-            target: "tower_sqlite_retry",
-            "sqlite_retry",
-            http.request.method = %head.method,
-            http.route = route.path(),
-            retry.max_attempts = max_attempts,
-            retry.attempts = tracing::field::Empty,
-            retry.outcome = tracing::field::Empty,
-            http.request.resend_count = tracing::field::Empty,
-            retry.queue_ms = tracing::field::Empty,
-            db.response.status_code = tracing::field::Empty,
-            error.type = tracing::field::Empty,
-        );
+        // NOTE: no span yet: a first attempt that succeeds pays for none. The request's span
+        // is opened when a replay or a give-up is in question, or a real wait (`Core::span`).
+        let span = Span::none();
         shared.counters.request();
         // NOTE: nested layers. An outer layer's attempt carries its `Attempt`: take the request
         // over, so that the outer layer passes this layer's answer through (responses and
@@ -276,7 +266,6 @@ where
         let declared = declared.and_then(|n| usize::try_from(n).ok());
         let pass = |why: Option<NotReplayable>, body: B| {
             if let Some(why) = why {
-                let _e = span.enter();
                 tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
                     retry.not_replayable = why.as_str(),
                     "passing through without retries"
@@ -375,9 +364,10 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let Proj { mut state, core } = self.project();
-        let span = core.span.clone();
-        let _entered = span.enter();
         loop {
+            // The request's span, once it has one (it may open on the way).
+            let span = core.span.clone();
+            let _entered = span.enter();
             let next = match state.as_mut().project() {
                 StateProj::Buffering => ready!(core.buffer(cx)),
                 StateProj::Queue { pending } => core.queue(std::mem::take(pending)),
@@ -469,6 +459,7 @@ where
                 Some(admitted) => self.request.hold(limit, admitted),
                 None => {
                     self.shared.counters.queued();
+                    self.span();
                     return Next::To(State::Admit {
                         acquire: Box::pin(limit.admit()),
                         limit,
@@ -486,8 +477,10 @@ where
             match gate.clone().try_acquire_owned() {
                 Ok(permit) => pending.permit = Some(permit),
                 Err(_) => {
+                    let acquire = Box::pin(gate.clone().acquire_owned());
+                    self.span();
                     return Next::To(State::Gate {
-                        acquire: Box::pin(gate.clone().acquire_owned()),
+                        acquire,
                         since: Instant::now(),
                         pending,
                     });
@@ -622,6 +615,12 @@ where
             },
         };
         self.request.record(verdict == Verdict::Retryable);
+        // A replay or a give-up is in question: the request gets its span from here on.
+        let span = match verdict {
+            Verdict::Retryable => self.span(),
+            Verdict::Final { .. } => Span::none(),
+        };
+        let _entered = span.enter();
         if let Some(reason) = reason {
             self.replays().reason = Some(reason);
             if self.request.needs_slot() {
@@ -709,6 +708,8 @@ where
             recorder::queue_wait(self.route.path(), &self.route.method, waited);
         }
         drop(pending.permit);
+        let span = self.span();
+        let _entered = span.enter();
         let attempts = self.attempt;
         self.gave_up_event(outcome, attempts);
         let result = self
@@ -812,6 +813,28 @@ where
     S: Service<Request<ReplayBody<B>>>,
     B: Body,
 {
+    /// The request's span, opened the first time a replay, a give-up or a real wait is in
+    /// question (a first attempt that succeeds opens none), as a child of the span current
+    /// then (the caller's).
+    fn span(&mut self) -> Span {
+        if self.span.is_none() {
+            self.span = tracing::info_span!(
+                target: "tower_sqlite_retry",
+                "sqlite_retry",
+                http.request.method = %self.route.method,
+                http.route = self.route.path(),
+                retry.max_attempts = self.shared.policy.max_attempts,
+                retry.attempts = tracing::field::Empty,
+                retry.outcome = tracing::field::Empty,
+                http.request.resend_count = tracing::field::Empty,
+                retry.queue_ms = tracing::field::Empty,
+                db.response.status_code = tracing::field::Empty,
+                error.type = tracing::field::Empty,
+            );
+        }
+        self.span.clone()
+    }
+
     fn replays(&mut self) -> &mut Replays<S::Response, S::Error> {
         self.replays.get_or_insert_with(Box::default)
     }
