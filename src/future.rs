@@ -21,15 +21,15 @@
 //!                                                                           Done
 //! ```
 //!
-//! Each state's work is one method of [`Core`] that returns the next state (or the answer):
+//! Each state's work is one method of `Core` that returns the next state (or the answer):
 //! `poll` only dispatches. Every wait (`Admit`, `Gate`, `Ready`) races the deadline, and every
-//! wait's end goes through one checkpoint ([`Core::checkpoint`]) that runs again right before
+//! wait's end goes through one checkpoint (`Core::checkpoint`) that runs again right before
 //! each call: no attempt starts after a fence, past the deadline, or without a body to give it;
 //! and a replay takes from the retry budget only there, when it really starts. What to do after
 //! an attempt is decided in `decide.rs`.
 //!
 //! Each fact has one home: the admission slot, the fence and the deadline live in the
-//! request's [`RequestState`] (shared with its attempts and with nested layers); the gate
+//! request's `RequestState` (shared with its attempts and with nested layers); the gate
 //! permit and the time queued for the next attempt live in the state that waits for them;
 //! what only replays need (the last failure, its reason, the delays) is boxed in `Replays`.
 
