@@ -384,8 +384,7 @@ where
                 } => ready!(core.gate(cx, acquire, *since, pending)),
                 StateProj::Ready { pending } => ready!(core.ready(cx, pending)),
                 StateProj::Called { future, permit } => {
-                    let request = core.request.clone();
-                    let result = ready!(with_current(&request, || future.poll(cx)));
+                    let result = ready!(with_current(&core.request, || future.poll(cx)));
                     drop(permit.take());
                     core.answered(result)
                 }
