@@ -1,14 +1,26 @@
 //! Request and response extensions: `Attempt` on every attempt, `RetryOutcome` on the answer.
 
+use std::cell::Cell;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 #[cfg(feature = "axum")]
 use axum::extract::FromRequestParts;
 
-use crate::admission::Admitted;
+use crate::admission::{Admitted, RouteLimit};
+
+mod slot;
+use slot::{HoldsSlot, SlotState};
+
+/// The synchronization types `slot.rs` uses: std's here, shuttle's in its model test.
+mod sync {
+    pub(super) use std::sync::atomic::{AtomicBool, Ordering};
+    pub(super) use std::sync::{Arc, Mutex, MutexGuard};
+}
 
 /// The request extension on every attempt: which attempt this is (1-based) and how many are
 /// allowed.
@@ -50,28 +62,81 @@ pub struct Attempt {
     request: Option<Arc<RequestState>>,
 }
 
-/// What the layer and every attempt of one request share: the fence, and (for nested layers)
-/// whether an inner layer took the request over and how it ended there.
-#[derive(Default)]
+/// What the layer and every attempt of one request share: the fence and the admission slot
+/// (in [`SlotState`]), the deadline, and (for nested layers) whether an inner layer took the
+/// request over and how it ended there.
+///
+/// Every request the layer handles has one, replayable or not, from the moment its response
+/// future is made: the slot, the fence and the claim each live here and nowhere else, so that
+/// the fence, the end of the request and the drop of its future give the slot back by one path
+/// ([`release_slot`](Self::release_slot)).
 pub(crate) struct RequestState {
-    fenced: AtomicBool,
+    /// The retry budget this request deposited into (its address), or 0.
+    budget: usize,
+    /// The fence and the slot, this request's and (through its outer state) its outer
+    /// layers'.
+    slot: SlotState<RequestState>,
     claimed: AtomicBool,
     /// The inner layer's result: outcome index + 1 in the high 32 bits (0 = none yet),
     /// attempts in the low 32.
     inner: AtomicU64,
-    /// The layer (its shared state's address) whose admission slot this request holds, or 0.
-    admitted_by: AtomicUsize,
-    /// The writer-admission slot, while the request holds one: here rather than in the response
-    /// future, so that the fence gives it back the moment the handler has committed.
-    slot: Mutex<Option<Admitted>>,
-    /// The request state of the outer layer this request was taken over from, if any: the
-    /// fence gives its slot back too.
-    outer: Option<Arc<RequestState>>,
+    /// When the request's time is up: set once, when its body is in.
+    deadline: OnceLock<Option<Instant>>,
+}
+
+impl HoldsSlot for RequestState {
+    type Admitted = Admitted;
+    type Limit = Arc<RouteLimit>;
+
+    fn slot_state(&self) -> &SlotState<Self> {
+        &self.slot
+    }
 }
 
 impl RequestState {
+    /// The state of a new request of the layer `layer` (the address of its shared state),
+    /// depositing into the budget `budget` (its address, or 0), taken over from an outer
+    /// layer's request `outer`, if any.
+    pub(crate) fn new(layer: usize, budget: usize, outer: Option<Arc<RequestState>>) -> Self {
+        Self {
+            budget,
+            slot: SlotState::new(layer, outer),
+            claimed: AtomicBool::new(false),
+            inner: AtomicU64::new(0),
+            deadline: OnceLock::new(),
+        }
+    }
+
+    /// Whether the outer layer this request came from already deposited into the same budget
+    /// for it (nested layers sharing one budget deposit once per request).
+    pub(crate) fn outer_deposited(&self) -> bool {
+        self.budget != 0 && self.outer().is_some_and(|o| o.budget == self.budget)
+    }
+
     pub(crate) fn is_fenced(&self) -> bool {
-        self.fenced.load(Ordering::Acquire)
+        self.slot.is_fenced()
+    }
+
+    /// Declares a replay unsafe from here on and gives back the request's slot and those of
+    /// the outer layers it was taken over from: its transaction is over.
+    pub(crate) fn fence(&self) {
+        self.slot.fence();
+    }
+
+    /// The request's deadline, once its body is in (`None` before, or when the deadline is
+    /// too far to represent).
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.deadline.get().copied().flatten()
+    }
+
+    /// Starts the request's clock: called once, when its body is in.
+    pub(crate) fn start(&self, deadline: Option<Instant>) {
+        let _ = self.deadline.set(deadline);
+    }
+
+    /// The request state of the outer layer this one was taken over from.
+    pub(crate) fn outer(&self) -> Option<&RequestState> {
+        self.slot.outer().map(|o| &**o)
     }
 
     /// An inner layer takes this request over: the layer that made this state must pass its
@@ -90,42 +155,6 @@ impl RequestState {
         self.inner.store(packed, Ordering::Release);
     }
 
-    /// This request holds an admission slot of the layer `layer` (the address of its shared
-    /// state): a clone of that layer nested inside must not wait for another one.
-    pub(crate) fn set_admitted_by(&self, layer: usize) {
-        self.admitted_by.store(layer, Ordering::Release);
-    }
-
-    /// The state of a request taken over from an outer layer's (`outer`), or of a new one.
-    pub(crate) fn new(outer: Option<Arc<RequestState>>) -> Self {
-        Self {
-            outer,
-            ..Self::default()
-        }
-    }
-
-    /// Keeps the request's admission slot until the fence or the end of the request.
-    pub(crate) fn hold_slot(&self, slot: Admitted) {
-        let previous = self
-            .slot
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .replace(slot);
-        // A request is admitted once; were it not, the old slot goes back outside the lock.
-        drop(previous);
-    }
-
-    /// Gives the admission slot back, if the request still holds it.
-    pub(crate) fn release_slot(&self) {
-        let slot = self.slot.lock().unwrap_or_else(|e| e.into_inner()).take();
-        // Dropped outside the lock: that wakes the next request in the queue.
-        drop(slot);
-    }
-
-    pub(crate) fn admitted_by(&self) -> usize {
-        self.admitted_by.load(Ordering::Acquire)
-    }
-
     /// What the inner layer reported, if it did.
     pub(crate) fn reported(&self) -> Option<(Outcome, u32)> {
         let packed = self.inner.load(Ordering::Acquire);
@@ -133,6 +162,66 @@ impl RequestState {
         let outcome = *Outcome::ALL.get(index.checked_sub(1)?)?;
         Some((outcome, packed as u32))
     }
+
+    /// Whether the request has yet to queue for a slot.
+    pub(crate) fn needs_slot(&self) -> bool {
+        self.slot.needs_slot()
+    }
+
+    /// Keeps the request's admission slot until the fence or the end of the request.
+    pub(crate) fn hold(&self, limit: Arc<RouteLimit>, admitted: Admitted) {
+        self.slot.hold(limit, admitted);
+    }
+
+    /// Gives the admission slot back, if the request still holds it. Idempotent.
+    pub(crate) fn release_slot(&self) {
+        self.slot.release();
+    }
+
+    /// Whether the request holds a slot now, with requests queued behind it.
+    pub(crate) fn holds_slot_with_queue(&self) -> bool {
+        self.slot.holding().is_some_and(|l| l.waiting() > 0)
+    }
+
+    /// Counts how an attempt made under the request's slot ended in its route's window
+    /// (`collided`: it failed retryably). Nothing when the request was never admitted.
+    pub(crate) fn record(&self, collided: bool) {
+        if let Some(limit) = self.slot.limit() {
+            limit.record(collided);
+        }
+    }
+}
+
+thread_local! {
+    /// The request whose handler is being polled on this thread, if any.
+    static CURRENT: Cell<Option<Arc<RequestState>>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with `state` as this thread's current request (the write path reads it with
+/// [`current_request`]); the previous one, if any (an outer layer's), is restored after, even
+/// if `f` panics.
+pub(crate) fn with_current<R>(state: &Arc<RequestState>, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Arc<RequestState>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let previous = self.0.take();
+            // The request set here is dropped outside the thread-local's access.
+            let _ours = CURRENT.with(|c| c.replace(previous));
+        }
+    }
+    let _restore = Restore(CURRENT.with(|c| c.replace(Some(state.clone()))));
+    f()
+}
+
+/// The request whose handler is being polled on this thread (inside [`with_current`]).
+#[allow(dead_code, reason = "the write path's wait for its turn reads it")]
+pub(crate) fn current_request() -> Option<Arc<RequestState>> {
+    CURRENT.with(|c| {
+        let current = c.take();
+        let copy = current.clone();
+        c.set(current);
+        copy
+    })
 }
 
 impl Attempt {
@@ -168,17 +257,12 @@ impl Attempt {
     ///
     /// On a route under writer admission it also gives the request's slot back at once (the
     /// slots of outer layers that handed the request over included): its transaction is over,
-    /// so the next request in the queue may start while this handler finishes its response. A
-    /// request the layer passes through without retries (one attempt allowed, an upgrade, a
-    /// body over the cap) keeps its slot until it ends.
+    /// so the next request in the queue may start while this handler finishes its response.
+    /// This holds for a request the layer passes through without retries too (one attempt
+    /// allowed, an upgrade, a body over the cap).
     pub fn fence(&self) {
         if let Some(r) = &self.request {
-            r.fenced.store(true, Ordering::Release);
-            let mut state = Some(r);
-            while let Some(s) = state {
-                s.release_slot();
-                state = s.outer.as_ref();
-            }
+            r.fence();
         }
     }
 

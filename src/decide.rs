@@ -19,8 +19,10 @@ pub(crate) enum Verdict {
     Retryable,
 }
 
-/// Everything the decision depends on, but the random delay and the budget (drawn and
-/// withdrawn only when everything else allows a replay).
+/// Everything the decision depends on, but the random delay (drawn only when everything else
+/// allows a replay). The retry budget is not asked here: it is asked right before the replay
+/// starts, once the backoff and the waits are over (a replay the deadline or a cancel stops
+/// never takes from it).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct After {
     /// The attempt that just finished, 1 for the first.
@@ -44,13 +46,9 @@ pub(crate) enum Decision {
     Retry { delay: Duration },
 }
 
-/// Decides after an attempt. `delay` draws the backoff; `withdraw` asks the retry budget for
-/// one replay; each is called at most once, and only when nothing else has stopped the retries.
-pub(crate) fn decide(
-    after: After,
-    delay: impl FnOnce() -> Duration,
-    withdraw: impl FnOnce() -> bool,
-) -> Decision {
+/// Decides after an attempt. `delay` draws the backoff; it is called at most once, and only
+/// when nothing else has stopped the retries.
+pub(crate) fn decide(after: After, delay: impl FnOnce() -> Duration) -> Decision {
     let stop = match after.verdict {
         Verdict::Final { .. } if after.attempt <= 1 => Some(Outcome::FirstTry),
         Verdict::Final { failed: false } => Some(Outcome::SucceededAfterRetry),
@@ -71,9 +69,6 @@ pub(crate) fn decide(
     // then start past it too).
     if after.remaining.is_some_and(|left| delay >= left) {
         return Decision::Finish(Outcome::Deadline);
-    }
-    if !withdraw() {
-        return Decision::Finish(Outcome::BudgetExhausted);
     }
     Decision::Retry { delay }
 }
@@ -134,51 +129,40 @@ mod tests {
         use Outcome::*;
         let d10 = 10 * MS;
         #[rustfmt::skip]
-        let table: Vec<(&str, After, bool, Decision)> = vec![
-            // (case, input, budget allows, decision)
-            ("success on the first try", after(1, OK), true, Finish(FirstTry)),
-            ("failure on the first try, not retryable", after(1, FAILED), true, Finish(FirstTry)),
-            ("success after a replay", after(2, OK), true, Finish(SucceededAfterRetry)),
-            ("4xx after a replay", after(3, FAILED), true, Finish(NonRetryable)),
-            ("retryable, attempts left", after(1, RETRY), true, Retry { delay: d10 }),
-            ("retryable on the last attempt", after(4, RETRY), true, Finish(Exhausted)),
-            ("retryable past the last attempt", after(9, RETRY), true, Finish(Exhausted)),
-            ("one attempt allowed", After { max_attempts: 1, ..after(1, RETRY) }, true, Finish(Exhausted)),
-            ("one attempt allowed, body not kept", After { max_attempts: 1, not_replayable: true, ..after(1, RETRY) }, true, Finish(Exhausted)),
-            ("fenced", After { fenced: true, ..after(1, RETRY) }, true, Finish(Fenced)),
-            ("fenced and not replayable: the fence says more", After { fenced: true, not_replayable: true, ..after(1, RETRY) }, true, Finish(Fenced)),
-            ("fenced on the last attempt", After { fenced: true, ..after(4, RETRY) }, true, Finish(Fenced)),
-            ("fence does not matter on success", After { fenced: true, ..after(2, OK) }, true, Finish(SucceededAfterRetry)),
-            ("body over the cap", After { not_replayable: true, ..after(1, RETRY) }, true, Finish(NotReplayable)),
-            ("delay ends past the deadline", After { remaining: Some(5 * MS), ..after(1, RETRY) }, true, Finish(Deadline)),
-            ("delay ends at the deadline", After { remaining: Some(d10), ..after(1, RETRY) }, true, Finish(Deadline)),
-            ("deadline already passed", After { remaining: Some(Duration::ZERO), ..after(2, RETRY) }, true, Finish(Deadline)),
-            ("deadline too far to represent", After { remaining: None, ..after(1, RETRY) }, true, Retry { delay: d10 }),
-            ("budget refuses", after(1, RETRY), false, Finish(BudgetExhausted)),
-            ("deadline is checked before the budget", After { remaining: Some(MS), ..after(1, RETRY) }, false, Finish(Deadline)),
-            ("attempts are checked before the budget", after(4, RETRY), false, Finish(Exhausted)),
+        let table: Vec<(&str, After, Decision)> = vec![
+            // (case, input, decision)
+            ("success on the first try", after(1, OK), Finish(FirstTry)),
+            ("failure on the first try, not retryable", after(1, FAILED), Finish(FirstTry)),
+            ("success after a replay", after(2, OK), Finish(SucceededAfterRetry)),
+            ("4xx after a replay", after(3, FAILED), Finish(NonRetryable)),
+            ("retryable, attempts left", after(1, RETRY), Retry { delay: d10 }),
+            ("retryable on the last attempt", after(4, RETRY), Finish(Exhausted)),
+            ("retryable past the last attempt", after(9, RETRY), Finish(Exhausted)),
+            ("one attempt allowed", After { max_attempts: 1, ..after(1, RETRY) }, Finish(Exhausted)),
+            ("one attempt allowed, body not kept", After { max_attempts: 1, not_replayable: true, ..after(1, RETRY) }, Finish(Exhausted)),
+            ("fenced", After { fenced: true, ..after(1, RETRY) }, Finish(Fenced)),
+            ("fenced and not replayable: the fence says more", After { fenced: true, not_replayable: true, ..after(1, RETRY) }, Finish(Fenced)),
+            ("fenced on the last attempt", After { fenced: true, ..after(4, RETRY) }, Finish(Fenced)),
+            ("fence does not matter on success", After { fenced: true, ..after(2, OK) }, Finish(SucceededAfterRetry)),
+            ("body over the cap", After { not_replayable: true, ..after(1, RETRY) }, Finish(NotReplayable)),
+            ("delay ends past the deadline", After { remaining: Some(5 * MS), ..after(1, RETRY) }, Finish(Deadline)),
+            ("delay ends at the deadline", After { remaining: Some(d10), ..after(1, RETRY) }, Finish(Deadline)),
+            ("deadline already passed", After { remaining: Some(Duration::ZERO), ..after(2, RETRY) }, Finish(Deadline)),
+            ("deadline too far to represent", After { remaining: None, ..after(1, RETRY) }, Retry { delay: d10 }),
+            ("deadline is checked before the delay is slept", After { remaining: Some(MS), ..after(1, RETRY) }, Finish(Deadline)),
+            ("attempts are checked before the delay is drawn", after(4, RETRY), Finish(Exhausted)),
         ];
-        for (case, input, budget, want) in table {
+        for (case, input, want) in table {
             let mut drew = false;
-            let mut withdrew = false;
-            let got = decide(
-                input,
-                || {
-                    drew = true;
-                    d10
-                },
-                || {
-                    withdrew = true;
-                    budget
-                },
-            );
+            let got = decide(input, || {
+                drew = true;
+                d10
+            });
             assert_eq!(got, want, "{case}");
-            // The delay is drawn and the budget asked only when nothing else stopped first.
-            let reached_budget = matches!(want, Retry { .. } | Finish(BudgetExhausted));
-            assert_eq!(withdrew, reached_budget, "{case}: budget asked");
+            // The delay is drawn only when nothing else stopped first.
             assert_eq!(
                 drew,
-                reached_budget || want == Finish(Deadline),
+                matches!(want, Retry { .. } | Finish(Deadline)),
                 "{case}: delay drawn"
             );
         }

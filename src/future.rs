@@ -1,26 +1,37 @@
 //! [`ResponseFuture`]: the state machine that buffers, waits, calls, backs off and replays.
 //!
 //! ```text
-//!            ┌───────────┐ body read whole (or passed through)
-//!  new ──────► Buffering ├──────────────────────┐
-//!    │       └───────────┘                      ▼
-//!    │ nothing to buffer                  ┌──────────┐  inner ready: attempt n
-//!    └────────────────────────────────────►  Ready   ├───────────────────────┐
-//!                                         └────▲─────┘                       ▼
-//!                                  gate passed │ (or no gate)          ┌──────────┐
-//!                                         ┌────┴─────┐                 │  Called  │
-//!                                         │   Gate   │                 └────┬─────┘
-//!                                         └────▲─────┘   decide: Retry      │
-//!                                              │      ┌─────────┐           │
-//!                                              └──────┤ Backoff ◄───────────┤
-//!                                         slept       └─────────┘           │ decide: Finish
-//!                                                                           ▼
-//!                                                                         Done
+//!          ┌───────────┐ body in: the deadline starts
+//!  new ───►│ Buffering ├──────────────┐
+//!   │      └───────────┘              ▼
+//!   │ nothing to buffer         ┌───────────┐ checkpoint stops: Done (fenced, deadline,
+//!   └──────────────────────────►│   Queue   ├──────────────────► not replayable)
+//!              ┌───────────────►│checkpoint │
+//!              │ slot / permit  └─┬───┬───┬─┘
+//!              │                  │   │   │ no wait left
+//!        ┌─────┴─────┐ route      │   │   ▼
+//!        │   Admit   │◄───────────┘   │ ┌───────────┐ inner ready, checkpoint,
+//!        │   Gate    │◄───────────────┘ │   Ready   ├──── budget: attempt n ──┐
+//!        └───────────┘ replay           └───────────┘                         ▼
+//!              ▲                                                        ┌───────────┐
+//!              │ slept          ┌───────────┐  decide: Retry            │  Called   │
+//!              └──── Queue ◄────┤  Backoff  │◄──────────────────────────┤           │
+//!                               └───────────┘                           └─────┬─────┘
+//!                                                        decide: Finish       ▼
+//!                                                                           Done
 //! ```
 //!
-//! The waits (`Ready`, `Gate`) race the deadline: past it, the last retryable failure is the
-//! answer (outcome `deadline`). What to do after an attempt is decided in `decide.rs`; this
-//! file only moves between states and records what happened.
+//! Each state's work is one method of `Core` that returns the next state (or the answer):
+//! `poll` only dispatches. Every wait (`Admit`, `Gate`, `Ready`) races the deadline, and every
+//! wait's end goes through one checkpoint (`Core::checkpoint`) that runs again right before
+//! each call: no attempt starts after a fence, past the deadline, or without a body to give it;
+//! and a replay takes from the retry budget only there, when it really starts. What to do after
+//! an attempt is decided in `decide.rs`.
+//!
+//! Each fact has one home: the admission slot, the fence and the deadline live in the
+//! request's `RequestState` (shared with its attempts and with nested layers); the gate
+//! permit and the time queued for the next attempt live in the state that waits for them;
+//! what only replays need (the last failure, its reason, the delays) is boxed in `Replays`.
 
 use std::fmt;
 use std::future::Future;
@@ -40,7 +51,7 @@ use tower_service::Service;
 use tracing::Span;
 
 use crate::admission::{Admitted, RouteLimit};
-use crate::attempt::{Attempt, Outcome, RequestState, RetryOutcome};
+use crate::attempt::{Attempt, Outcome, RequestState, RetryOutcome, with_current};
 use crate::body::{Buffered, Caps, Collected, Collector, NotReplayable, Recording, ReplayBody};
 use crate::classify::{ClassifyError, Retryable};
 use crate::decide::{After, Decision, Verdict, decide, gave_up, invites_retry};
@@ -48,8 +59,14 @@ use crate::layer::Shared;
 use crate::recorder;
 use crate::route::Route;
 
-/// The longest backoff of a request that holds a writer-admission slot, in `base_delay`s.
+/// The longest backoff of a request that holds a writer-admission slot while others queue
+/// behind it, in `base_delay`s.
 const ADMITTED_BACKOFF_FACTOR: u32 = 4;
+
+/// The attempts a request holding a slot may make with the short backoff; past them it is
+/// colliding with a writer outside the queue that holds on (a migration, a backup, another
+/// process), and backs off as any request does, up to its deadline.
+const SHORT_BACKOFF_ATTEMPTS: u32 = 4;
 
 type GateAcquire =
     Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send + 'static>>;
@@ -59,8 +76,8 @@ pin_project! {
     /// The response future of [`SqliteRetry`](crate::SqliteRetry).
     ///
     /// Dropping it stops everything: no further attempt starts, a pending backoff or wait is
-    /// cancelled, buffered bytes are given back to the layer's in-flight cap, and the request
-    /// is counted with outcome `cancelled`.
+    /// cancelled, the admission slot, the gate permit and the buffered bytes are given back,
+    /// and the request is counted with outcome `cancelled` (once, with nested layers).
     #[project = Proj]
     pub struct ResponseFuture<S, C, B>
     where
@@ -69,49 +86,7 @@ pin_project! {
     {
         #[pin]
         state: State<S::Future>,
-        // The deadline, armed the first time a wait is pending. Boxed, like the other state
-        // that only retries and waits need, to keep the future small (it is boxed by axum per
-        // request, and a small allocation is a cheap one).
-        timer: Option<Pin<Box<Sleep>>>,
-        service: S,
-        classifier: C,
-        shared: Arc<Shared>,
-        // The pristine request head; every attempt gets a copy (the last possible one gets
-        // the original).
-        head: Option<Parts>,
-        body: Source<B>,
-        // Shared with this request's attempts (the fence; an inner layer's claim).
-        request: Option<Arc<RequestState>>,
-        // An outer layer's request this layer took over, to report the outcome to.
-        outer: Option<Arc<RequestState>>,
-        attempt: u32,
-        max_attempts: u32,
-        start: Instant,
-        deadline: Option<Instant>,
-        prev_delay: Duration,
-        total_delay: Duration,
-        gate_permit: Option<OwnedSemaphorePermit>,
-        // The route's learned limit, once it has one (writer admission); whether this request
-        // was admitted under it; and its slot, when no request state can hold it (the request
-        // state holds it otherwise, until the fence or the end).
-        route_limit: Option<Arc<RouteLimit>>,
-        was_admitted: bool,
-        admitted: Option<Admitted>,
-        // An outer clone of this very layer already holds this request's slot.
-        outer_admitted: bool,
-        // When the current wait for a slot or the gate began, and all waits so far.
-        wait_start: Option<Instant>,
-        waited: Duration,
-        // This attempt's time in the queues, when it passed one (admission or the gate, even
-        // at once): one `queue_wait` sample per attempt that was queued.
-        attempt_wait: Option<Duration>,
-        // The last retryable failure, kept until the next attempt starts: the answer if the
-        // deadline passes in between.
-        last: Option<Box<Result<S::Response, S::Error>>>,
-        reason: Option<Box<Retryable>>,
-        route: Route,
-        span: Span,
-        done: bool,
+        core: Core<S, C, B>,
     }
 
     impl<S, C, B> PinnedDrop for ResponseFuture<S, C, B>
@@ -121,33 +96,66 @@ pin_project! {
     {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            if *this.done {
-                return;
-            }
-            let _entered = this.span.enter();
-            let attempts = *this.attempt;
-            tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
-                retry.attempts = attempts,
-                http.request.method = %this.route.method,
-                http.route = this.route.path(),
-                "request cancelled"
-            );
-            let end = End {
-                outcome: Outcome::Cancelled,
-                attempts,
-                reason: this.reason.as_deref(),
-                backoff: *this.total_delay,
-                passed_through: false,
+            // A wait cut short is a wait all the same: sampled here, once.
+            let queued = match this.state.project() {
+                StateProj::Done => return,
+                StateProj::Queue { pending } | StateProj::Ready { pending } => pending.waited,
+                StateProj::Admit { since, pending, .. } | StateProj::Gate { since, pending, .. } => {
+                    Some(pending.waited.unwrap_or_default() + since.elapsed())
+                }
+                StateProj::Buffering | StateProj::Called { .. } | StateProj::Backoff { .. } => None,
             };
-            record_end(this.span, this.shared, this.route, this.outer.as_deref(), end);
-            // An attempt's `Attempt` may outlive this future (a task the handler spawned): the
-            // slot must not live on with it.
-            if let Some(request) = this.request.as_ref() {
-                request.release_slot();
-            }
-            if let Source::Recording(r) = this.body {
-                r.clear();
-            }
+            this.core.cancelled(queued);
+        }
+    }
+}
+
+/// Everything a request keeps between its states but the state itself.
+struct Core<S, C, B>
+where
+    S: Service<Request<ReplayBody<B>>>,
+    B: Body,
+{
+    service: S,
+    classifier: C,
+    shared: Arc<Shared>,
+    /// Shared with this request's attempts and nested layers: the fence, the slot, the
+    /// deadline, the claim.
+    request: Arc<RequestState>,
+    /// The pristine request head; every attempt gets a copy (the last possible one gets the
+    /// original).
+    head: Option<Parts>,
+    body: Source<B>,
+    /// Attempts started.
+    attempt: u32,
+    /// The deadline's timer, armed the first time a wait is pending. Boxed, like the state
+    /// that only retries and waits need, to keep the future small (axum boxes it per request).
+    timer: Option<Pin<Box<Sleep>>>,
+    replays: Option<Box<Replays<S::Response, S::Error>>>,
+    route: Route,
+    span: Span,
+}
+
+/// What only a request that met a retryable failure or a queue needs.
+struct Replays<R, E> {
+    /// The last retryable failure, kept until the next attempt starts: the answer if the
+    /// deadline, the fence or the budget stops the replay.
+    last: Option<Result<R, E>>,
+    reason: Option<Retryable>,
+    prev_delay: Duration,
+    total_delay: Duration,
+    /// All waits for a slot or the gate so far.
+    waited: Duration,
+}
+
+impl<R, E> Default for Replays<R, E> {
+    fn default() -> Self {
+        Self {
+            last: None,
+            reason: None,
+            prev_delay: Duration::ZERO,
+            total_delay: Duration::ZERO,
+            waited: Duration::ZERO,
         }
     }
 }
@@ -164,19 +172,41 @@ enum Source<B: Body> {
     Once(Option<ReplayBody<B>>, Option<NotReplayable>),
 }
 
+/// What the next attempt has gathered on its way through the queues.
+#[derive(Default)]
+struct Pending {
+    /// The replay gate's permit, held until the attempt's answer is in.
+    permit: Option<OwnedSemaphorePermit>,
+    /// Time spent in the queues (admission, the gate), once it passed one, even at once: one
+    /// `queue_wait` sample per attempt that was queued.
+    waited: Option<Duration>,
+}
+
+impl Pending {
+    fn add(&mut self, waited: Duration) {
+        *self.waited.get_or_insert(Duration::ZERO) += waited;
+    }
+}
+
 pin_project! {
     #[project = StateProj]
     enum State<F> {
         Buffering,
-        // Decides which wait comes next: a writer-admission slot, the replay gate, readiness.
-        Queue,
-        Admit { acquire: AdmitAcquire },
-        Gate { acquire: GateAcquire },
-        Ready,
-        Called { #[pin] future: F },
+        // The checkpoint, then the next wait: a slot on the route, the gate, readiness.
+        Queue { pending: Pending },
+        Admit { acquire: AdmitAcquire, limit: Arc<RouteLimit>, since: Instant, pending: Pending },
+        Gate { acquire: GateAcquire, since: Instant, pending: Pending },
+        Ready { pending: Pending },
+        Called { #[pin] future: F, permit: Option<OwnedSemaphorePermit> },
         Backoff { #[pin] sleep: Sleep },
         Done,
     }
+}
+
+/// What a state's method returns: the next state, or the answer.
+enum Next<F, T> {
+    To(State<F>),
+    Answer(T),
 }
 
 impl<S, C, B> ResponseFuture<S, C, B>
@@ -190,23 +220,10 @@ where
         let max_attempts = policy.max_attempts;
         let (head, body) = req.into_parts();
         let route = Route::of(&head);
-        let span = tracing::info_span!(
-            target: "tower_sqlite_retry",
-            "sqlite_retry",
-            http.request.method = %head.method,
-            http.route = route.path(),
-            retry.max_attempts = max_attempts,
-            retry.attempts = tracing::field::Empty,
-            retry.outcome = tracing::field::Empty,
-            http.request.resend_count = tracing::field::Empty,
-            retry.queue_ms = tracing::field::Empty,
-            db.response.status_code = tracing::field::Empty,
-            error.type = tracing::field::Empty,
-        );
+        // NOTE: no span yet: a first attempt that succeeds pays for none. The request's span
+        // is opened when a replay or a give-up is in question, or a real wait (`Core::span`).
+        let span = Span::none();
         shared.counters.request();
-        if let Some(budget) = &policy.budget {
-            budget.deposit();
-        }
         // NOTE: nested layers. An outer layer's attempt carries its `Attempt`: take the request
         // over, so that the outer layer passes this layer's answer through (responses and
         // errors alike) instead of replaying on top of it.
@@ -217,10 +234,16 @@ where
         if let Some(outer) = &outer {
             outer.claim();
         }
-        let outer_admitted = outer
+        let budget = policy
+            .budget
             .as_ref()
-            .is_some_and(|o| o.admitted_by() == layer_id(&shared));
-        let route_limit = shared.admissions.lookup(&route);
+            .map_or(0, |b| Arc::as_ptr(b) as *const () as usize);
+        let request = Arc::new(RequestState::new(layer_id(&shared), budget, outer));
+        if let Some(budget) = &policy.budget
+            && !request.outer_deposited()
+        {
+            budget.deposit();
+        }
 
         let upgrade = head.method == Method::CONNECT || head.headers.contains_key(header::UPGRADE);
         let declared = head
@@ -242,75 +265,61 @@ where
         let declared = declared.and_then(|n| usize::try_from(n).ok());
         let pass = |why: Option<NotReplayable>, body: B| {
             if let Some(why) = why {
-                let _e = span.enter();
                 tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
                     retry.not_replayable = why.as_str(),
                     "passing through without retries"
                 );
             }
-            (
-                Source::Once(Some(ReplayBody::direct(body)), why),
-                State::Queue,
-                None,
-            )
+            Source::Once(Some(ReplayBody::direct(body)), why)
         };
-        let replayable = || Some(Arc::new(RequestState::new(outer.clone())));
-        let (source, state, request) = if max_attempts <= 1 {
+        let body = if max_attempts <= 1 {
             pass(None, body)
         } else if upgrade {
             pass(Some(NotReplayable::Upgrade), body)
         } else if declared_over_cap {
             pass(Some(NotReplayable::DeclaredOverCap), body)
         } else if body.is_end_stream() {
-            (
-                Source::Buffered(Buffered::empty()),
-                State::Queue,
-                replayable(),
-            )
+            Source::Buffered(Buffered::empty())
         } else if expect_continue {
             // The client waits for the go-ahead: let the first attempt read (and so ask for)
             // the body, and record it as it goes.
-            let recording = Recording::new(body, shared.counters.clone(), caps, declared);
-            (Source::Recording(recording), State::Queue, replayable())
+            Source::Recording(Recording::new(
+                body,
+                shared.counters.clone(),
+                caps,
+                declared,
+            ))
         } else {
-            let collector = Collector::new(body, shared.counters.clone(), caps, declared);
-            (
-                Source::Collecting(collector),
-                State::Buffering,
-                replayable(),
-            )
+            Source::Collecting(Collector::new(
+                body,
+                shared.counters.clone(),
+                caps,
+                declared,
+            ))
         };
-
-        let start = Instant::now();
+        let state = if matches!(body, Source::Collecting(_)) {
+            State::Buffering
+        } else {
+            request.start(Instant::now().checked_add(policy.deadline));
+            State::Queue {
+                pending: Pending::default(),
+            }
+        };
         Self {
             state,
-            timer: None,
-            service,
-            classifier,
-            head: Some(head),
-            body: source,
-            request,
-            outer,
-            attempt: 0,
-            max_attempts,
-            start,
-            deadline: start.checked_add(shared.policy.deadline),
-            prev_delay: Duration::ZERO,
-            total_delay: Duration::ZERO,
-            gate_permit: None,
-            route_limit,
-            was_admitted: false,
-            admitted: None,
-            outer_admitted,
-            wait_start: None,
-            waited: Duration::ZERO,
-            attempt_wait: None,
-            last: None,
-            reason: None,
-            route,
-            span,
-            done: false,
-            shared,
+            core: Core {
+                service,
+                classifier,
+                shared,
+                request,
+                head: Some(head),
+                body,
+                attempt: 0,
+                timer: None,
+                replays: None,
+                route,
+                span,
+            },
         }
     }
 }
@@ -336,22 +345,6 @@ fn is_failure<B>(res: &Response<B>) -> bool {
     res.status().is_client_error() || res.status().is_server_error()
 }
 
-/// Polls the deadline (arming it the first time); true once it has passed.
-fn deadline_passed(
-    timer: &mut Option<Pin<Box<Sleep>>>,
-    deadline: Option<Instant>,
-    cx: &mut Context<'_>,
-) -> bool {
-    let Some(deadline) = deadline else {
-        return false;
-    };
-    timer
-        .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)))
-        .as_mut()
-        .poll(cx)
-        .is_ready()
-}
-
 /// A `Retry-After` of 1 to 3 seconds, drawn per answer so that a burst of clients turned away
 /// together does not come back together.
 fn retry_after() -> HeaderValue {
@@ -369,284 +362,387 @@ where
     type Output = Result<Response<ResBody>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        let span = this.span.clone();
-        let _entered = span.enter();
+        let Proj { mut state, core } = self.project();
         loop {
-            match this.state.as_mut().project() {
-                StateProj::Buffering => {
-                    let Source::Collecting(collector) = this.body else {
-                        unreachable!("Buffering state holds a collector");
-                    };
-                    *this.body = match ready!(collector.poll_collect(cx)) {
-                        Collected::Replayable(buffered) => Source::Buffered(buffered),
-                        Collected::PassThrough(body, why) => {
-                            tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
-                                retry.not_replayable = why.as_str(),
-                                "passing through without retries"
-                            );
-                            Source::Once(Some(body), Some(why))
-                        }
-                    };
-                    // The deadline runs from here: the upload's pace was the client's.
-                    *this.start = Instant::now();
-                    *this.deadline = this.start.checked_add(this.shared.policy.deadline);
-                    this.state.set(State::Queue);
-                }
-                StateProj::Queue => {
-                    // A task the handler spawned may have fenced during the backoff: then no
-                    // replay (and the slot, given back by the fence, is not taken again).
-                    if *this.attempt > 0
-                        && this.request.as_ref().is_some_and(|r| r.is_fenced())
-                        && let Some(last) = this.last.take()
-                    {
-                        let attempts = *this.attempt;
-                        this.gave_up_event(Outcome::Fenced, attempts);
-                        return Poll::Ready(this.finish(*last, Outcome::Fenced, attempts));
-                    }
-                    let next = this.next_wait();
-                    this.state.set(next);
-                }
-                StateProj::Admit { acquire } => match acquire.as_mut().poll(cx) {
-                    Poll::Ready(admitted) => {
-                        this.admitted_now(admitted);
-                        this.waited_now();
-                        this.state.set(State::Queue);
-                    }
-                    Poll::Pending => {
-                        if deadline_passed(this.timer, *this.deadline, cx) {
-                            this.waited_now();
-                            return Poll::Ready(this.at_deadline());
-                        }
-                        return Poll::Pending;
-                    }
-                },
-                StateProj::Gate { acquire } => match acquire.as_mut().poll(cx) {
-                    Poll::Ready(permit) => {
-                        // The semaphore lives as long as the layer and is never closed.
-                        *this.gate_permit = Some(permit.expect("gate never closed"));
-                        this.waited_now();
-                        this.state.set(State::Ready);
-                    }
-                    Poll::Pending => {
-                        if deadline_passed(this.timer, *this.deadline, cx) {
-                            this.waited_now();
-                            return Poll::Ready(this.at_deadline());
-                        }
-                        return Poll::Pending;
-                    }
-                },
-                StateProj::Ready => {
-                    // NOTE: tower's rule for a service used more than once: readiness is
-                    // polled before every call, the first included, on the very instance that
-                    // is then called. `SqliteRetry::poll_ready` reserved nothing, so a slow
-                    // upload never held the inner service's capacity while it was buffered.
-                    match this.service.poll_ready(cx) {
-                        Poll::Ready(Ok(())) => {}
-                        Poll::Ready(Err(e)) => {
-                            *this.gate_permit = None;
-                            let attempts = *this.attempt;
-                            return Poll::Ready(this.finish(
-                                Err(e),
-                                Outcome::NonRetryable,
-                                attempts,
-                            ));
-                        }
-                        Poll::Pending => {
-                            if deadline_passed(this.timer, *this.deadline, cx) {
-                                *this.gate_permit = None;
-                                return Poll::Ready(this.at_deadline());
-                            }
-                            return Poll::Pending;
-                        }
-                    }
-                    let req = this.next_attempt();
-                    let future = this.service.call(req);
-                    this.state.set(State::Called { future });
-                }
-                StateProj::Called { future } => {
-                    let result = ready!(future.poll(cx));
-                    *this.gate_permit = None;
-                    if let Some((outcome, attempts)) = this.inner_answered(&result) {
-                        // NOTE: an inner layer retried (or chose not to): its answer is this
-                        // layer's answer, as it is. Never multiply its attempts.
-                        this.end(outcome, attempts, true);
-                        return Poll::Ready(result);
-                    }
-                    let (verdict, reason) = match &result {
-                        Ok(res) => match res.extensions().get::<Retryable>() {
-                            Some(r) => (Verdict::Retryable, Some(r.clone())),
-                            None => (
-                                Verdict::Final {
-                                    failed: is_failure(res),
-                                },
-                                None,
-                            ),
-                        },
-                        Err(e) => match this.classifier.classify_error(e) {
-                            Some(r) => (Verdict::Retryable, Some(r)),
-                            None => (Verdict::Final { failed: true }, None),
-                        },
-                    };
-                    if *this.was_admitted
-                        && let Some(limit) = this.route_limit.as_ref()
-                    {
-                        limit.record(verdict == Verdict::Retryable);
-                    }
-                    if let Some(reason) = reason {
-                        *this.reason = Some(Box::new(reason));
-                        if this.route_limit.is_none() && !*this.outer_admitted {
-                            // The route meets contention: from now on its attempts queue.
-                            *this.route_limit = this.shared.admissions.contended(this.route);
-                        }
-                    }
-                    let n = *this.attempt;
-                    let policy = &this.shared.policy;
-                    let not_replayable =
-                        matches!(this.body, Source::Once(..)) || this.not_replayable().is_some();
-                    let after = After {
-                        attempt: n,
-                        max_attempts: *this.max_attempts,
-                        verdict,
-                        not_replayable,
-                        fenced: this.request.as_ref().is_some_and(|r| r.is_fenced()),
-                        // Read the clock only when a replay is in question: a final answer
-                        // never looks at it.
-                        remaining: match verdict {
-                            Verdict::Retryable => this
-                                .deadline
-                                .map(|d| d.saturating_duration_since(Instant::now())),
-                            Verdict::Final { .. } => None,
-                        },
-                    };
-                    let prev = *this.prev_delay;
-                    // NOTE: a request holding an admission slot backs off briefly. Every
-                    // request queued behind it waits out its backoff too, and what it collided
-                    // with is a writer outside this queue (another instance, another process):
-                    // growing the delay would let those capture the database (BENCHMARKS.md).
-                    let cap = if *this.was_admitted || *this.outer_admitted {
-                        policy.base_delay.saturating_mul(ADMITTED_BACKOFF_FACTOR)
-                    } else {
-                        policy.max_delay
-                    };
-                    let decision = decide(
-                        after,
-                        || policy.random_delay(n, prev, cap),
-                        || policy.budget.as_ref().is_none_or(|b| b.withdraw()),
-                    );
-                    match decision {
-                        Decision::Finish(outcome) => {
-                            if verdict == Verdict::Retryable && gave_up(outcome) {
-                                this.gave_up_event(outcome, n);
-                            }
-                            return Poll::Ready(this.finish(result, outcome, n));
-                        }
-                        Decision::Retry { delay } => {
-                            this.replay_event(n, delay);
-                            *this.last = Some(Box::new(result));
-                            *this.prev_delay = delay;
-                            *this.total_delay = this.total_delay.saturating_add(delay);
-                            this.state.set(State::Backoff {
-                                sleep: tokio::time::sleep(delay),
-                            });
-                        }
-                    }
+            // The request's span, once it has one (it may open on the way).
+            let span = core.span.clone();
+            let _entered = span.enter();
+            let next = match state.as_mut().project() {
+                StateProj::Buffering => ready!(core.buffer(cx)),
+                StateProj::Queue { pending } => core.queue(std::mem::take(pending)),
+                StateProj::Admit {
+                    acquire,
+                    limit,
+                    since,
+                    pending,
+                } => ready!(core.admit(cx, acquire, limit, *since, pending)),
+                StateProj::Gate {
+                    acquire,
+                    since,
+                    pending,
+                } => ready!(core.gate(cx, acquire, *since, pending)),
+                StateProj::Ready { pending } => ready!(core.ready(cx, pending)),
+                StateProj::Called { future, permit } => {
+                    let result = ready!(with_current(&core.request, || future.poll(cx)));
+                    drop(permit.take());
+                    core.answered(result)
                 }
                 StateProj::Backoff { sleep } => {
                     ready!(sleep.poll(cx));
-                    this.state.set(State::Queue);
+                    Next::To(State::Queue {
+                        pending: Pending::default(),
+                    })
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
+            };
+            match next {
+                Next::To(next) => state.set(next),
+                Next::Answer(answer) => {
+                    state.set(State::Done);
+                    return Poll::Ready(answer);
+                }
             }
         }
     }
 }
 
-impl<S, C, B, ResBody> Proj<'_, S, C, B>
+type Answer<S, B> = Result<
+    <S as Service<Request<ReplayBody<B>>>>::Response,
+    <S as Service<Request<ReplayBody<B>>>>::Error,
+>;
+
+impl<S, C, B, ResBody> Core<S, C, B>
 where
     S: Service<Request<ReplayBody<B>>, Response = Response<ResBody>>,
+    C: ClassifyError<S::Error>,
     B: Body,
     B::Data: Buf,
     ResBody: Default,
 {
-    /// The next wait before an attempt: a slot on the route (writer admission, held until the
-    /// request ends or fences), then the replay gate (replays only), then the inner service's
-    /// readiness.
-    fn next_wait(&mut self) -> State<S::Future> {
-        if !*self.was_admitted
-            && !*self.outer_admitted
-            && let Some(limit) = self.route_limit.as_ref()
+    /// `Buffering`: reads the body whole; the deadline runs from its end (the upload's pace
+    /// was the client's).
+    fn buffer(&mut self, cx: &mut Context<'_>) -> Poll<Next<S::Future, Answer<S, B>>> {
+        let Source::Collecting(collector) = &mut self.body else {
+            unreachable!("Buffering state holds a collector");
+        };
+        self.body = match ready!(collector.poll_collect(cx)) {
+            Collected::Replayable(buffered) => Source::Buffered(buffered),
+            Collected::PassThrough(body, why) => {
+                tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
+                    retry.not_replayable = why.as_str(),
+                    "passing through without retries"
+                );
+                Source::Once(Some(body), Some(why))
+            }
+        };
+        self.request
+            .start(Instant::now().checked_add(self.shared.policy.deadline));
+        Poll::Ready(Next::To(State::Queue {
+            pending: Pending::default(),
+        }))
+    }
+
+    /// `Queue`: the checkpoint, then the next wait: a slot on the route (writer admission,
+    /// held until the request ends or fences), the replay gate (replays only), the inner
+    /// service's readiness.
+    fn queue(&mut self, mut pending: Pending) -> Next<S::Future, Answer<S, B>> {
+        if let Err(stop) = self.checkpoint() {
+            return self.stop(stop, pending);
+        }
+        if self.request.needs_slot()
+            && let Some(limit) = self.shared.admissions.lookup(&self.route)
         {
-            self.attempt_wait.get_or_insert(Duration::ZERO);
+            pending.add(Duration::ZERO);
             match limit.try_admit() {
-                Some(admitted) => self.admitted_now(admitted),
+                Some(admitted) => self.request.hold(limit, admitted),
                 None => {
                     self.shared.counters.queued();
-                    *self.wait_start = Some(Instant::now());
-                    return State::Admit {
+                    self.span();
+                    return Next::To(State::Admit {
                         acquire: Box::pin(limit.admit()),
-                    };
+                        limit,
+                        since: Instant::now(),
+                        pending,
+                    });
                 }
             }
         }
-        if *self.attempt > 0
-            && self.gate_permit.is_none()
+        if self.attempt > 0
+            && pending.permit.is_none()
             && let Some(gate) = &self.shared.gate
         {
-            self.attempt_wait.get_or_insert(Duration::ZERO);
+            pending.add(Duration::ZERO);
             match gate.clone().try_acquire_owned() {
-                Ok(permit) => *self.gate_permit = Some(permit),
+                Ok(permit) => pending.permit = Some(permit),
                 Err(_) => {
-                    *self.wait_start = Some(Instant::now());
-                    return State::Gate {
-                        acquire: Box::pin(gate.clone().acquire_owned()),
-                    };
+                    let acquire = Box::pin(gate.clone().acquire_owned());
+                    self.span();
+                    return Next::To(State::Gate {
+                        acquire,
+                        since: Instant::now(),
+                        pending,
+                    });
                 }
             }
         }
-        State::Ready
+        Next::To(State::Ready { pending })
     }
 
-    fn admitted_now(&mut self, admitted: Admitted) {
-        *self.was_admitted = true;
-        match self.request.as_ref() {
-            Some(request) => {
-                request.set_admitted_by(layer_id(self.shared));
-                request.hold_slot(admitted);
+    /// `Admit`: waits for a slot on the route, within the deadline.
+    fn admit(
+        &mut self,
+        cx: &mut Context<'_>,
+        acquire: &mut AdmitAcquire,
+        limit: &Arc<RouteLimit>,
+        since: Instant,
+        pending: &mut Pending,
+    ) -> Poll<Next<S::Future, Answer<S, B>>> {
+        let admitted = match acquire.as_mut().poll(cx) {
+            Poll::Ready(admitted) => Some(admitted),
+            Poll::Pending if self.deadline_passed(cx) => None,
+            Poll::Pending => return Poll::Pending,
+        };
+        let mut pending = std::mem::take(pending);
+        pending.add(self.waited(since));
+        Poll::Ready(match admitted {
+            Some(admitted) => {
+                self.request.hold(limit.clone(), admitted);
+                Next::To(State::Queue { pending })
             }
-            None => *self.admitted = Some(admitted),
+            None => self.stop(Outcome::Deadline, pending),
+        })
+    }
+
+    /// `Gate`: waits for the replay gate, within the deadline.
+    fn gate(
+        &mut self,
+        cx: &mut Context<'_>,
+        acquire: &mut GateAcquire,
+        since: Instant,
+        pending: &mut Pending,
+    ) -> Poll<Next<S::Future, Answer<S, B>>> {
+        let permit = match acquire.as_mut().poll(cx) {
+            // The semaphore lives as long as the layer and is never closed.
+            Poll::Ready(permit) => Some(permit.expect("gate never closed")),
+            Poll::Pending if self.deadline_passed(cx) => None,
+            Poll::Pending => return Poll::Pending,
+        };
+        let mut pending = std::mem::take(pending);
+        pending.add(self.waited(since));
+        Poll::Ready(match permit {
+            Some(permit) => {
+                pending.permit = Some(permit);
+                Next::To(State::Queue { pending })
+            }
+            None => self.stop(Outcome::Deadline, pending),
+        })
+    }
+
+    /// `Ready`: waits for the inner service's readiness, within the deadline, then starts the
+    /// attempt.
+    fn ready(
+        &mut self,
+        cx: &mut Context<'_>,
+        pending: &mut Pending,
+    ) -> Poll<Next<S::Future, Answer<S, B>>> {
+        // NOTE: tower's rule for a service used more than once: readiness is polled before
+        // every call, the first included, on the very instance that is then called.
+        // `SqliteRetry::poll_ready` reserved nothing, so a slow upload never held the inner
+        // service's capacity while it was buffered.
+        match self.service.poll_ready(cx) {
+            Poll::Ready(Ok(())) => Poll::Ready(self.call(std::mem::take(pending))),
+            Poll::Ready(Err(e)) => {
+                let attempts = self.attempt;
+                Poll::Ready(Next::Answer(self.finish(
+                    Err(e),
+                    Outcome::NonRetryable,
+                    attempts,
+                )))
+            }
+            Poll::Pending if self.deadline_passed(cx) => {
+                Poll::Ready(self.stop(Outcome::Deadline, std::mem::take(pending)))
+            }
+            Poll::Pending => Poll::Pending,
         }
     }
 
-    /// A wait for a slot or the gate is over: count it.
-    fn waited_now(&mut self) {
-        if let Some(start) = self.wait_start.take() {
-            let waited = start.elapsed();
-            *self.waited += waited;
-            *self.attempt_wait.get_or_insert(Duration::ZERO) += waited;
+    /// Starts an attempt: the checkpoint once more (the readiness wait may have been long),
+    /// the budget for a replay, then the call.
+    fn call(&mut self, pending: Pending) -> Next<S::Future, Answer<S, B>> {
+        if let Err(stop) = self.checkpoint() {
+            return self.stop(stop, pending);
         }
+        if self.attempt > 0
+            && let Some(budget) = &self.shared.policy.budget
+            && !budget.withdraw()
+        {
+            return self.stop(Outcome::BudgetExhausted, pending);
+        }
+        if let Some(waited) = pending.waited {
+            recorder::queue_wait(self.route.path(), &self.route.method, waited);
+        }
+        let req = self.next_attempt();
+        let future = with_current(&self.request, || self.service.call(req));
+        Next::To(State::Called {
+            future,
+            permit: pending.permit,
+        })
+    }
+
+    /// `Called`: an attempt's answer is in: pass an inner layer's through, or decide.
+    fn answered(&mut self, result: Answer<S, B>) -> Next<S::Future, Answer<S, B>> {
+        if let Some((outcome, attempts)) = self.inner_answered(&result) {
+            // NOTE: an inner layer retried (or chose not to): its answer is this layer's
+            // answer, as it is. Never multiply its attempts.
+            self.end(outcome, attempts, true);
+            return Next::Answer(result);
+        }
+        let (verdict, reason) = match &result {
+            Ok(res) => match res.extensions().get::<Retryable>() {
+                Some(r) => (Verdict::Retryable, Some(r.clone())),
+                None => (
+                    Verdict::Final {
+                        failed: is_failure(res),
+                    },
+                    None,
+                ),
+            },
+            Err(e) => match self.classifier.classify_error(e) {
+                Some(r) => (Verdict::Retryable, Some(r)),
+                None => (Verdict::Final { failed: true }, None),
+            },
+        };
+        self.request.record(verdict == Verdict::Retryable);
+        // A replay or a give-up is in question: the request gets its span from here on.
+        let span = match verdict {
+            Verdict::Retryable => self.span(),
+            Verdict::Final { .. } => Span::none(),
+        };
+        let _entered = span.enter();
+        if let Some(reason) = reason {
+            self.replays().reason = Some(reason);
+            if self.request.needs_slot() {
+                // The route meets contention: from now on its attempts queue.
+                self.shared.admissions.contended(&self.route);
+            }
+        }
+        let n = self.attempt;
+        let policy = &self.shared.policy;
+        let after = After {
+            attempt: n,
+            max_attempts: policy.max_attempts,
+            verdict,
+            not_replayable: !self.replayable(),
+            fenced: self.request.is_fenced(),
+            // Read the clock only when a replay is in question: a final answer never looks
+            // at it.
+            remaining: match verdict {
+                Verdict::Retryable => self.remaining(),
+                Verdict::Final { .. } => None,
+            },
+        };
+        // NOTE: a request holding an admission slot while others queue behind it backs off
+        // briefly at first: they wait out its backoff too, and growing the delay would let the
+        // writers outside the queue (another instance) capture the database (BENCHMARKS.md).
+        // Past a few collisions the writer it meets holds on (a migration, a backup, another
+        // process): it backs off as any request does, and its deadline decides.
+        let cap = if n <= SHORT_BACKOFF_ATTEMPTS && self.request.holds_slot_with_queue() {
+            policy.base_delay.saturating_mul(ADMITTED_BACKOFF_FACTOR)
+        } else {
+            policy.max_delay
+        };
+        let prev = self
+            .replays
+            .as_ref()
+            .map_or(Duration::ZERO, |r| r.prev_delay);
+        match decide(after, || {
+            policy.random_delay(n, prev, cap)
+        }) {
+            Decision::Finish(outcome) => {
+                if verdict == Verdict::Retryable && gave_up(outcome) {
+                    self.gave_up_event(outcome, n);
+                }
+                Next::Answer(self.finish(result, outcome, n))
+            }
+            Decision::Retry { delay } => {
+                self.replay_event(n, delay);
+                let replays = self.replays();
+                replays.last = Some(result);
+                replays.prev_delay = delay;
+                replays.total_delay = replays.total_delay.saturating_add(delay);
+                Next::To(State::Backoff {
+                    sleep: tokio::time::sleep(delay),
+                })
+            }
+        }
+    }
+
+    /// The one checkpoint every wait's end and every call goes through: whether the request
+    /// may go on to another attempt.
+    fn checkpoint(&self) -> Result<(), Outcome> {
+        if self.attempt > 0 {
+            // A task the handler spawned may have fenced during the backoff or a wait: then
+            // no replay (and the slot, given back by the fence, is not taken again).
+            if self.request.is_fenced() {
+                return Err(Outcome::Fenced);
+            }
+            if !self.replayable() {
+                return Err(Outcome::NotReplayable);
+            }
+        }
+        // A permit and the deadline may come in the same wake: the deadline wins. (The clock
+        // is read only once a wait or a replay happened: a first attempt straight from its
+        // body starts at its deadline's start.)
+        if (self.attempt > 0 || self.timer.is_some()) && self.remaining() == Some(Duration::ZERO) {
+            return Err(Outcome::Deadline);
+        }
+        Ok(())
+    }
+
+    /// Stops before an attempt (the checkpoint, the deadline, the budget): the last retryable
+    /// failure is the answer, or a bare `503` when no attempt could start.
+    fn stop(&mut self, outcome: Outcome, pending: Pending) -> Next<S::Future, Answer<S, B>> {
+        if let Some(waited) = pending.waited {
+            recorder::queue_wait(self.route.path(), &self.route.method, waited);
+        }
+        drop(pending.permit);
+        let span = self.span();
+        let _entered = span.enter();
+        let attempts = self.attempt;
+        self.gave_up_event(outcome, attempts);
+        let result = self
+            .replays
+            .as_mut()
+            .and_then(|r| r.last.take())
+            .unwrap_or_else(|| {
+                let mut res = Response::new(ResBody::default());
+                *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                res.headers_mut().insert(header::RETRY_AFTER, retry_after());
+                Ok(res)
+            });
+        Next::Answer(self.finish(result, outcome, attempts))
     }
 
     /// The request for the next attempt (counting it).
     fn next_attempt(&mut self) -> Request<ReplayBody<B>> {
-        if let Some(waited) = self.attempt_wait.take() {
-            recorder::queue_wait(self.route.path(), &self.route.method, waited);
-        }
-        *self.attempt += 1;
-        let n = *self.attempt;
+        self.attempt += 1;
+        let n = self.attempt;
+        let max_attempts = self.shared.policy.max_attempts;
         if n > 1 {
             self.shared.counters.retry();
             recorder::replay(
                 self.route.path(),
                 &self.route.method,
-                self.reason.as_deref().map_or("", Retryable::name),
+                self.reason().map_or("", Retryable::name),
             );
         }
         // The previous failure is no longer the answer: a new attempt starts.
-        *self.last = None;
-        let (body, last) = match self.body {
-            Source::Buffered(buffered) => (buffered.body(), n >= *self.max_attempts),
-            Source::Recording(recording) => (recording.body(), n >= *self.max_attempts),
+        if let Some(r) = self.replays.as_mut() {
+            r.last = None;
+        }
+        let (body, last) = match &mut self.body {
+            Source::Buffered(buffered) => (buffered.body(), n >= max_attempts),
+            Source::Recording(recording) => (recording.body(), n >= max_attempts),
             Source::Once(body, _) => (body.take().expect("one attempt only"), true),
             Source::Collecting(_) => unreachable!("body read before the first call"),
         };
@@ -661,21 +757,15 @@ where
             copy_head(head).map(|()| body)
         };
         req.extensions_mut()
-            .insert(Attempt::new(n, *self.max_attempts, self.request.clone()));
+            .insert(Attempt::new(n, max_attempts, Some(self.request.clone())));
         req
     }
 
     /// Whether an inner layer took the request over, and how it ended there.
-    fn inner_answered(
-        &self,
-        result: &Result<Response<ResBody>, S::Error>,
-    ) -> Option<(Outcome, u32)> {
-        let claimed = self
-            .request
-            .as_ref()
-            .and_then(|r| r.is_claimed().then(|| r.reported()));
-        // Responses say so too (an inner layer this layer could not share its request state
-        // with, because this one allows no replay).
+    fn inner_answered(&self, result: &Answer<S, B>) -> Option<(Outcome, u32)> {
+        let claimed = self.request.is_claimed().then(|| self.request.reported());
+        // Responses say so too (an inner layer that could not share its request state with
+        // this one: a service in between dropped the extension).
         let answered = match result {
             Ok(res) => res.extensions().get::<RetryOutcome>().copied(),
             Err(_) => None,
@@ -683,34 +773,18 @@ where
         match (claimed, answered) {
             (Some(Some(reported)), _) => Some(reported),
             (_, Some(o)) => Some((o.outcome, o.attempts)),
-            (Some(None), None) => Some((Outcome::FirstTry, *self.attempt)),
+            (Some(None), None) => Some((Outcome::FirstTry, self.attempt)),
             (None, None) => None,
         }
     }
 
-    /// Past the deadline while waiting: the last retryable failure is the answer, or a bare
-    /// `503` when no attempt could start.
-    fn at_deadline(&mut self) -> Result<Response<ResBody>, S::Error> {
-        let attempts = *self.attempt;
-        self.gave_up_event(Outcome::Deadline, attempts);
-        let result = self.last.take().map(|last| *last).unwrap_or_else(|| {
-            let mut res = Response::new(ResBody::default());
-            *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-            res.headers_mut().insert(header::RETRY_AFTER, retry_after());
-            Ok(res)
-        });
-        self.finish(result, Outcome::Deadline, attempts)
-    }
-
     /// Records the end and returns the answer, marked with its `RetryOutcome`.
-    fn finish(
-        &mut self,
-        result: Result<Response<ResBody>, S::Error>,
-        outcome: Outcome,
-        attempts: u32,
-    ) -> Result<Response<ResBody>, S::Error> {
+    fn finish(&mut self, result: Answer<S, B>, outcome: Outcome, attempts: u32) -> Answer<S, B> {
         self.end(outcome, attempts, false);
-        let total_delay = *self.total_delay;
+        let total_delay = self
+            .replays
+            .as_ref()
+            .map_or(Duration::ZERO, |r| r.total_delay);
         result.map(|mut res| {
             if invites_retry(outcome)
                 && res.extensions().get::<Retryable>().is_some()
@@ -730,43 +804,138 @@ where
             res
         })
     }
+}
 
-    fn end(&mut self, outcome: Outcome, attempts: u32, passed_through: bool) {
-        // The slot and the gate permit go back as soon as the answer is known (the slot
-        // earlier if the handler fenced).
-        *self.admitted = None;
-        if let Some(request) = self.request.as_ref() {
-            request.release_slot();
+impl<S, C, B> Core<S, C, B>
+where
+    S: Service<Request<ReplayBody<B>>>,
+    B: Body,
+{
+    /// The request's span, opened the first time a replay, a give-up or a real wait is in
+    /// question (a first attempt that succeeds opens none), as a child of the span current
+    /// then (the caller's).
+    fn span(&mut self) -> Span {
+        if self.span.is_none() {
+            self.span = tracing::info_span!(
+                target: "tower_sqlite_retry",
+                "sqlite_retry",
+                http.request.method = %self.route.method,
+                http.route = self.route.path(),
+                retry.max_attempts = self.shared.policy.max_attempts,
+                retry.attempts = tracing::field::Empty,
+                retry.outcome = tracing::field::Empty,
+                http.request.resend_count = tracing::field::Empty,
+                retry.queue_ms = tracing::field::Empty,
+                db.response.status_code = tracing::field::Empty,
+                error.type = tracing::field::Empty,
+            );
         }
-        *self.gate_permit = None;
-        if !self.waited.is_zero() {
+        self.span.clone()
+    }
+
+    fn replays(&mut self) -> &mut Replays<S::Response, S::Error> {
+        self.replays.get_or_insert_with(Box::default)
+    }
+
+    fn reason(&self) -> Option<&Retryable> {
+        self.replays.as_ref().and_then(|r| r.reason.as_ref())
+    }
+
+    /// Time left before the deadline (`None`: no deadline, or too far to represent).
+    fn remaining(&self) -> Option<Duration> {
+        self.request
+            .deadline()
+            .map(|d| d.saturating_duration_since(Instant::now()))
+    }
+
+    /// Time since the request's clock started.
+    fn elapsed(&self) -> Duration {
+        self.remaining().map_or(Duration::ZERO, |left| {
+            self.shared.policy.deadline.saturating_sub(left)
+        })
+    }
+
+    /// Polls the deadline (arming it the first time); true once it has passed.
+    fn deadline_passed(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(deadline) = self.request.deadline() else {
+            return false;
+        };
+        self.timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)))
+            .as_mut()
+            .poll(cx)
+            .is_ready()
+    }
+
+    /// A wait for a slot or the gate that began at `since` is over: counted in the request's
+    /// total (a wait's one sample goes out with its attempt, or when the request stops).
+    fn waited(&mut self, since: Instant) -> Duration {
+        let waited = since.elapsed();
+        self.replays().waited += waited;
+        waited
+    }
+
+    /// Why this request's body cannot go to another attempt, if it cannot.
+    fn not_replayable(&self) -> Option<NotReplayable> {
+        match &self.body {
+            Source::Once(_, why) => *why,
+            Source::Recording(r) => r.not_replayable(),
+            Source::Buffered(_) | Source::Collecting(_) => None,
+        }
+    }
+
+    /// Whether this request's body can go to another attempt.
+    fn replayable(&self) -> bool {
+        !matches!(self.body, Source::Once(..)) && self.not_replayable().is_none()
+    }
+
+    /// The response future was dropped before the answer: `queued` is the wait it was in.
+    fn cancelled(&self, queued: Option<Duration>) {
+        let _entered = self.span.enter();
+        if let Some(waited) = queued {
+            recorder::queue_wait(self.route.path(), &self.route.method, waited);
+        }
+        tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
+            retry.attempts = self.attempt,
+            http.request.method = %self.route.method,
+            http.route = self.route.path(),
+            "request cancelled"
+        );
+        // An inner layer that took the request over counts it (its future is dropped next).
+        let passed_through = self.request.is_claimed();
+        self.end(Outcome::Cancelled, self.attempt, passed_through);
+    }
+
+    /// The end of the request, whatever it was: the slot goes back (earlier if the handler
+    /// fenced), the end is recorded, the recording stops.
+    fn end(&self, outcome: Outcome, attempts: u32, passed_through: bool) {
+        // An attempt's `Attempt` may outlive this future (a task the handler spawned): the
+        // slot must not live on with it.
+        self.request.release_slot();
+        let (reason, backoff, waited) = match self.replays.as_deref() {
+            Some(r) => (r.reason.as_ref(), r.total_delay, r.waited),
+            None => (None, Duration::ZERO, Duration::ZERO),
+        };
+        if !waited.is_zero() {
             self.span
-                .record("retry.queue_ms", self.waited.as_secs_f64() * 1000.0);
+                .record("retry.queue_ms", waited.as_secs_f64() * 1000.0);
         }
         let end = End {
             outcome,
             attempts,
-            reason: self.reason.as_deref(),
-            backoff: *self.total_delay,
+            reason,
+            backoff,
             passed_through,
         };
-        record_end(
-            self.span,
-            self.shared,
-            self.route,
-            self.outer.as_deref(),
-            end,
-        );
-        if let Source::Recording(r) = self.body {
+        record_end(&self.span, &self.shared, &self.route, &self.request, end);
+        if let Source::Recording(r) = &self.body {
             r.clear();
         }
-        *self.done = true;
-        self.state.set(State::Done);
     }
 
     fn replay_event(&self, attempt: u32, delay: Duration) {
-        let reason = self.reason.as_deref();
-        let elapsed_ms = self.start.elapsed().as_millis() as u64;
+        let reason = self.reason();
+        let elapsed_ms = self.elapsed().as_millis() as u64;
         let delay_ms = delay.as_secs_f64() * 1000.0;
         macro_rules! replay_event {
             ($level:expr) => {
@@ -792,19 +961,10 @@ where
         }
     }
 
-    /// Why this request's body cannot go to another attempt, if it cannot.
-    fn not_replayable(&self) -> Option<NotReplayable> {
-        match &*self.body {
-            Source::Once(_, why) => *why,
-            Source::Recording(r) => r.not_replayable(),
-            Source::Buffered(_) | Source::Collecting(_) => None,
-        }
-    }
-
     fn gave_up_event(&self, outcome: Outcome, attempts: u32) {
-        let reason = self.reason.as_deref();
+        let reason = self.reason();
         let not_replayable = self.not_replayable().map(NotReplayable::as_str);
-        let elapsed_ms = self.start.elapsed().as_millis() as u64;
+        let elapsed_ms = self.elapsed().as_millis() as u64;
         macro_rules! stop_event {
             ($level:expr, $message:literal) => {
                 tracing::event!(target: "tower_sqlite_retry", $level,
@@ -841,13 +1001,7 @@ struct End<'a> {
 
 /// Records how a request ended: the span's fields, the counters, the metrics, and the outer
 /// layer that handed the request over, if any.
-fn record_end(
-    span: &Span,
-    shared: &Shared,
-    route: &Route,
-    outer: Option<&RequestState>,
-    end: End<'_>,
-) {
+fn record_end(span: &Span, shared: &Shared, route: &Route, request: &RequestState, end: End<'_>) {
     let End {
         outcome,
         attempts,
@@ -876,7 +1030,7 @@ fn record_end(
             backoff,
         );
     }
-    if let Some(outer) = outer {
+    if let Some(outer) = request.outer() {
         outer.report(outcome, attempts);
     }
 }
@@ -888,9 +1042,16 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")
-            .field("attempt", &self.attempt)
-            .field("max_attempts", &self.max_attempts)
-            .field("total_delay", &self.total_delay)
+            .field("attempt", &self.core.attempt)
+            .field("max_attempts", &self.core.shared.policy.max_attempts)
+            .field(
+                "total_delay",
+                &self
+                    .core
+                    .replays
+                    .as_ref()
+                    .map_or(Duration::ZERO, |r| r.total_delay),
+            )
             .finish_non_exhaustive()
     }
 }

@@ -63,9 +63,9 @@ pub enum Jitter {
 ///
 /// | setting | default | behaviour |
 /// |---|---|---|
-/// | `max_attempts` | 30 | up to 29 replays after the first attempt |
+/// | `max_attempts` | 500 | a safety cap: the deadline bounds a request (a deadline's worth of backoff is about 200 attempts); see [`RetryPolicy::max_attempts`] |
 /// | `base_delay` | 2 ms | the first backoff, before jitter; it doubles for each later replay |
-/// | `max_delay` | 100 ms | caps each backoff, after jitter (a request holding a writer-admission slot backs off at most 4 × `base_delay`: see [`Admission`]) |
+/// | `max_delay` | 100 ms | caps each backoff, after jitter (a request holding a writer-admission slot, while others queue behind it, backs off at most 4 × `base_delay` for its first four attempts: see [`Admission`]) |
 /// | `jitter` | [`Jitter::Full`] | each backoff uniform in `[0, d]`, so replays spread out |
 /// | `deadline` | 10 s | total time per request once its body is in, handler time included; it bounds every wait (admission, the replay gate, the inner service's readiness), and no backoff that would end past it is started |
 /// | `max_body_bytes` | 1 MiB | the replay buffer of one request; a larger body passes through without retries |
@@ -114,7 +114,7 @@ impl fmt::Debug for RetryPolicy {
 impl Default for RetryPolicy {
     fn default() -> Self {
         Self {
-            max_attempts: 30,
+            max_attempts: 500,
             base_delay: Duration::from_millis(2),
             max_delay: Duration::from_millis(100),
             jitter: Jitter::Full,
@@ -144,8 +144,9 @@ impl RetryPolicy {
     }
 
     /// The first backoff delay, before jitter; each later one doubles, up to
-    /// [`max_delay`](Self::max_delay) (up to four times this delay for a request that holds a
-    /// writer-admission slot: see [`Admission::Adaptive`]).
+    /// [`max_delay`](Self::max_delay) (up to four times this delay for the first four attempts
+    /// of a request that holds a writer-admission slot while others queue behind it: see
+    /// [`Admission::Adaptive`]).
     ///
     /// ```
     /// # use std::time::Duration;

@@ -10,11 +10,11 @@
 //!
 //! | name | type | unit | labels | meaning |
 //! |---|---|---|---|---|
-//! | `tower_sqlite_retry_requests_total` | counter | requests | `http_route`, `http_request_method`, `outcome`, `error_type`¹ | requests the layer answered, by how they ended (one whose client left first is not counted) |
+//! | `tower_sqlite_retry_requests_total` | counter | requests | `http_route`, `http_request_method`, `outcome`, `error_type`¹ | requests the layer finished, by how they ended (one whose client left first included, as `cancelled`), once even with nested layers |
 //! | `tower_sqlite_retry_replays_total` | counter | replays | `http_route`, `http_request_method`, `error_type` | replays started (attempts after the first), by the error that caused each |
 //! | `tower_sqlite_retry_attempts` | histogram | attempts | `http_route`, `http_request_method` | attempts per finished request, the first included (1 = no replay) |
 //! | `tower_sqlite_retry_backoff_seconds` | histogram | seconds | `http_route`, `http_request_method` | time a finished request spent sleeping in backoff, all its replays together (0 without a replay) |
-//! | `tower_sqlite_retry_queue_wait_seconds` | histogram | seconds | `http_route`, `http_request_method` | time waited for a permit, one sample per wait: the replay gate before each replay |
+//! | `tower_sqlite_retry_queue_wait_seconds` | histogram | seconds | `http_route`, `http_request_method` | time an attempt waited in the queues before it started: a writer-admission slot and the replay gate, one sample per attempt that passed one (0 when it passed at once), the waits that ended at the deadline or in a cancel included |
 //! | `tower_sqlite_retry_buffered_bytes` | gauge | bytes | none | request-body bytes held for replay right now, every layer of the process together |
 //!
 //! ¹ only when the request ended on a retryable error the layer did not (or could no longer)
@@ -33,9 +33,9 @@
 //!   the router from outside, or the request fell through to a fallback).
 //! - `http_request_method`: `GET`, `HEAD`, `POST`, `PUT`, `DELETE`, `CONNECT`, `OPTIONS`,
 //!   `TRACE`, `PATCH`; any other method is `_OTHER` (as OpenTelemetry's `http.request.method`).
-//! - `outcome`: one of [`Outcome`]'s names (`first_try`,
+//! - `outcome`: one of [`Outcome`]'s nine names (`first_try`,
 //!   `succeeded_after_retry`, `exhausted`, `deadline`, `budget_exhausted`, `not_replayable`,
-//!   `fenced`, `non_retryable`).
+//!   `fenced`, `non_retryable`, `cancelled`).
 //! - `error_type`: the retryable error's name ([`Retryable::name`](crate::Retryable::name):
 //!   `SQLITE_BUSY`, `SQLITE_BUSY_SNAPSHOT`, `serialization_failure`, `ER_LOCK_DEADLOCK`,
 //!   `pool_timed_out`, ...). The built-in classifiers name a fixed set; a classifier of your
@@ -152,7 +152,9 @@ pub const ATTEMPTS: &str = "tower_sqlite_retry_attempts";
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const BACKOFF: &str = "tower_sqlite_retry_backoff_seconds";
 
-/// Histogram: seconds waited for a permit (the replay gate), one sample per wait. Labels
+/// Histogram: seconds an attempt waited in the queues (a writer-admission slot, the replay
+/// gate), one sample per attempt that passed one, the waits that ended at the deadline or in
+/// a cancel included. Labels
 /// `http_route`, `http_request_method`.
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
@@ -224,7 +226,8 @@ mod emit {
             metrics::describe_histogram!(
                 QUEUE_WAIT,
                 Unit::Seconds,
-                "Time waited for a permit (the replay gate), one sample per wait."
+                "Time an attempt waited for a writer-admission slot and the replay gate, one sample \
+                 per queued attempt (waits ended by the deadline or a cancel included)."
             );
             metrics::describe_gauge!(
                 BUFFERED_BYTES,
@@ -341,7 +344,7 @@ pub(crate) fn replay(route: Option<&str>, method: &Method, error_type: &str) {
     let _ = (route, method, error_type);
 }
 
-/// The time a request waited for admission or the replay gate, once per wait.
+/// The time an attempt waited for admission and the replay gate, once per queued attempt.
 #[inline]
 pub(crate) fn queue_wait(route: Option<&str>, method: &Method, waited: Duration) {
     #[cfg(feature = "metrics")]
@@ -388,6 +391,19 @@ mod tests {
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
+    }
+
+    /// The docs list every outcome the code emits, and call none of them uncounted.
+    #[test]
+    fn the_docs_name_every_outcome() {
+        let source = include_str!("recorder.rs");
+        let start = source.find("//! - `outcome`:").unwrap();
+        let end = start + source[start..].find("//! - `error_type`:").unwrap();
+        for outcome in crate::Outcome::ALL {
+            let name = format!("`{}`", outcome.as_str());
+            assert!(source[start..end].contains(&name), "{name} missing");
+        }
+        assert!(!source.contains(concat!("is not", " counted")));
     }
 
     #[test]

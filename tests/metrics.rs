@@ -11,19 +11,27 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use axum::Router;
+use axum::body::Body;
 use axum::extract::State;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use http::StatusCode;
+use http::{Request, StatusCode};
 use metrics::Unit;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::layers::FanoutBuilder;
 use sqlx::SqlitePool;
 use tokio::sync::{mpsc, watch};
-use tower_sqlite_retry::{Attempt, DbError, Jitter, RetryPolicy, SqliteRetryLayer, recorder};
+use tower::{ServiceBuilder, ServiceExt};
+use tower_sqlite_retry::{
+    Attempt, DbError, Jitter, ReplayBody, RetryPolicy, Retryable, SqliteRetryLayer, recorder,
+};
 
 use common::{HttpClient, TestDb, serve};
 
@@ -308,6 +316,47 @@ async fn a_replay_over_http_is_counted_recorded_and_described() {
         metadata.iter().filter(|l| l.starts_with("# HELP ")).count(),
         6
     );
+    // The cases that crossed no wire, on the paused clock, on their own methods' series.
+    tokio::time::pause();
+    nested_cancels_are_counted_once().await;
+    waits_cut_short_are_sampled_once().await;
+    let mut after: BTreeMap<Series, DebugValue> = BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let (_kind, key) = key.into_parts();
+        let labels = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        after.insert((key.name().to_owned(), labels), value);
+    }
+    let unknown = "http_route=_unknown";
+    let put = "http_request_method=PUT";
+    let patch = "http_request_method=PATCH";
+    let x = "http_route=/x";
+    // Two abandoned requests through two nested layers: two requests, one attempt each.
+    assert_eq!(
+        after.get(&series(
+            recorder::REQUESTS,
+            &[unknown, put, "outcome=cancelled"]
+        )),
+        Some(&counter(2)),
+        "{after:#?}"
+    );
+    assert_eq!(
+        after.get(&series(recorder::ATTEMPTS, &[unknown, put])),
+        Some(&histogram(&[1.0, 1.0]))
+    );
+    // Four queued attempts: two that passed at once, one that met its deadline after 1 s in
+    // the queue, one whose client left after 5 ms in it.
+    // (The deadline's timer fires on the next millisecond tick.)
+    match after.get(&series(recorder::QUEUE_WAIT, &[x, patch])) {
+        Some(DebugValue::Histogram(w))
+            if w.len() == 4
+                && (w[0], w[1], w[3]) == (0.0.into(), 0.0.into(), 0.005.into())
+                && (1.0..1.01).contains(&w[2].0) => {}
+        other => panic!("{other:?}"),
+    }
+
     let scrape = recommended_handle.render();
     assert!(!scrape.contains("_total_total"), "{scrape}");
     assert!(
@@ -317,4 +366,76 @@ async fn a_replay_over_http_is_counted_recorded_and_described() {
         ),
         "{scrape}"
     );
+}
+
+/// Two PUTs through two nested clones of one layer, each dropped while its handler runs.
+async fn nested_cancels_are_counted_once() {
+    let layer = SqliteRetryLayer::new(policy(5));
+    let svc = ServiceBuilder::new()
+        .layer(layer.clone())
+        .layer(layer)
+        .service_fn(|_: Request<ReplayBody<ReplayBody<Body>>>| {
+            std::future::pending::<Result<Response<Body>, Infallible>>()
+        });
+    for _ in 0..2 {
+        let req = Request::put("/x").body(Body::from("x")).unwrap();
+        let mut fut = std::pin::pin!(svc.clone().oneshot(req));
+        assert!(futures::poll!(&mut fut).is_pending());
+    }
+}
+
+/// PATCHes on a route that collided once (it has one slot): one takes the slot and keeps it,
+/// one waits until its deadline, one is dropped while it waits.
+async fn waits_cut_short_are_sampled_once() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let release = Arc::new(tokio::sync::Notify::new());
+    let (c, r) = (calls.clone(), release.clone());
+    let layer = SqliteRetryLayer::new(policy(5).deadline(Duration::from_secs(1)));
+    let handler = move |headers: http::HeaderMap| {
+        let n = c.fetch_add(1, Ordering::SeqCst);
+        let r = r.clone();
+        async move {
+            if n == 0 {
+                let mut res = StatusCode::SERVICE_UNAVAILABLE.into_response();
+                res.extensions_mut()
+                    .insert(Retryable::new("5", "SQLITE_BUSY"));
+                return res;
+            }
+            if headers.contains_key("hold") {
+                r.notified().await;
+            }
+            StatusCode::OK.into_response()
+        }
+    };
+    // Writer admission needs the route template: the layer inside the router.
+    let app = Router::new()
+        .route("/x", axum::routing::patch(handler))
+        .layer(layer);
+    let patch = |hold: bool| {
+        let mut req = Request::patch("/x");
+        if hold {
+            req = req.header("hold", "1");
+        }
+        req.body(Body::from("x")).unwrap()
+    };
+    // Attempt 2 passes the (new) slot and the gate at once: one sample.
+    let res = app.clone().oneshot(patch(false)).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    // The holder passes at once too: one sample.
+    let holder = tokio::spawn(app.clone().oneshot(patch(true)));
+    while calls.load(Ordering::SeqCst) < 3 {
+        tokio::task::yield_now().await;
+    }
+    let late = app.clone().oneshot(patch(false)).await.unwrap();
+    assert_eq!(
+        late.status(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "its deadline"
+    );
+    let mut gone = Box::pin(app.oneshot(patch(false)));
+    assert!(futures::poll!(&mut gone).is_pending());
+    tokio::time::advance(Duration::from_millis(5)).await;
+    drop(gone);
+    release.notify_one();
+    assert_eq!(holder.await.unwrap().unwrap().status(), StatusCode::OK);
 }

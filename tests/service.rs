@@ -206,20 +206,66 @@ async fn backoff_doubles_to_the_cap_and_stops_at_the_deadline() {
 
 #[tokio::test(start_paused = true)]
 async fn dropping_the_future_stops_further_attempts() {
-    let ms = Duration::from_millis;
-    let policy = RetryPolicy::default()
-        .base_delay(ms(100))
-        .max_delay(ms(100))
-        .jitter(Jitter::None);
+    // A request dropped during its replay holds everything a request can hold: the route's
+    // slot (its first attempt collided; writer admission needs the route template, so this
+    // one runs in a router), the gate's one permit (a replay is running) and its buffered
+    // body. `hang` requests fail once, then hang in their replay.
     let calls = Arc::new(AtomicU32::new(0));
-    let svc = ServiceBuilder::new()
-        .layer(SqliteRetryLayer::new(policy))
-        .service(slow_busy(ms(10), calls.clone()));
-    let fut = svc.oneshot(req());
-    // Gone during the first backoff.
-    assert!(tokio::time::timeout(ms(50), fut).await.is_err());
-    tokio::time::sleep(ms(10_000)).await;
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let c = calls.clone();
+    let layer = SqliteRetryLayer::new(fast());
+    let metrics = layer.metrics();
+    let handler = move |attempt: Attempt, headers: http::HeaderMap| {
+        let hang = headers.contains_key("hang");
+        if hang {
+            c.fetch_add(1, Ordering::SeqCst);
+            // A task of the handler's keeps its `Attempt` (and so the request's state) alive
+            // past the request: the slot must come back all the same.
+            let kept = attempt.clone();
+            tokio::spawn(async move {
+                let _kept = kept;
+                std::future::pending::<()>().await;
+            });
+        }
+        async move {
+            if !attempt.is_replay() {
+                return busy();
+            }
+            if hang {
+                std::future::pending::<()>().await;
+            }
+            ok()
+        }
+    };
+    let app = axum::Router::new()
+        .route("/", axum::routing::post(handler))
+        .layer(layer);
+    let hanging = Request::post("/")
+        .header("hang", "1")
+        .body(Body::from("x"))
+        .unwrap();
+    let mut fut = Box::pin(app.clone().oneshot(hanging));
+    for _ in 0..3 {
+        assert!(futures::poll!(&mut fut).is_pending());
+        tokio::time::advance(Duration::from_millis(10)).await;
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "in its replay");
+    assert_eq!(metrics.snapshot().buffered_bytes, 1);
+    drop(fut);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "no attempt after the drop");
+    let m = metrics.snapshot();
+    assert_eq!((m.cancelled, m.finished()), (1, 1), "counted, as cancelled");
+    assert_eq!(m.buffered_bytes, 0, "its buffered bytes given back");
+    // The slot and the gate permit came back: the next request passes both at once (were
+    // either kept, it would wait out its deadline: 503), and its replay too.
+    let res = app.oneshot(req()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let o = res.extensions().get::<RetryOutcome>().unwrap();
+    assert_eq!(
+        (o.outcome(), o.attempts()),
+        (Outcome::SucceededAfterRetry, 2)
+    );
+    assert_eq!(metrics.snapshot().queued, 0, "never queued for the slot");
 }
 
 #[tokio::test]
