@@ -147,7 +147,7 @@ pin_project! {
                 request.release_slot();
             }
             if let Source::Recording(r) = this.body {
-                r.clear();
+                r.stop();
             }
         }
     }
@@ -461,7 +461,15 @@ where
                             return Poll::Pending;
                         }
                     }
-                    let req = this.next_attempt();
+                    let Some(req) = this.next_attempt() else {
+                        // The recording was lost during the backoff or a wait (a task of an
+                        // earlier attempt read on past a cap, or the client failed): the last
+                        // failure is the answer.
+                        let attempts = *this.attempt;
+                        let last = this.last.take().expect("a replay follows a failure");
+                        this.gave_up_event(Outcome::NotReplayable, attempts);
+                        return Poll::Ready(this.finish(*last, Outcome::NotReplayable, attempts));
+                    };
                     let future = this.service.call(req);
                     this.state.set(State::Called { future });
                 }
@@ -628,13 +636,23 @@ where
         }
     }
 
-    /// The request for the next attempt (counting it).
-    fn next_attempt(&mut self) -> Request<ReplayBody<B>> {
+    /// The request for the next attempt (counting it); `None` when the recorded body was lost
+    /// since the last attempt (no replay may start on what is left of it).
+    fn next_attempt(&mut self) -> Option<Request<ReplayBody<B>>> {
         if let Some(waited) = self.attempt_wait.take() {
             recorder::queue_wait(self.route.path(), &self.route.method, waited);
         }
-        *self.attempt += 1;
-        let n = *self.attempt;
+        let n = *self.attempt + 1;
+        let (body, last) = match self.body {
+            Source::Buffered(buffered) => (buffered.body(), n >= *self.max_attempts),
+            Source::Recording(recording) => {
+                let last = n >= *self.max_attempts;
+                (recording.body(last)?, last)
+            }
+            Source::Once(body, _) => (body.take().expect("one attempt only"), true),
+            Source::Collecting(_) => unreachable!("body read before the first call"),
+        };
+        *self.attempt = n;
         if n > 1 {
             self.shared.counters.retry();
             recorder::replay(
@@ -645,12 +663,6 @@ where
         }
         // The previous failure is no longer the answer: a new attempt starts.
         *self.last = None;
-        let (body, last) = match self.body {
-            Source::Buffered(buffered) => (buffered.body(), n >= *self.max_attempts),
-            Source::Recording(recording) => (recording.body(), n >= *self.max_attempts),
-            Source::Once(body, _) => (body.take().expect("one attempt only"), true),
-            Source::Collecting(_) => unreachable!("body read before the first call"),
-        };
         let mut req = if last {
             let head = self.head.take().expect("head kept until the last attempt");
             Request::from_parts(head, body)
@@ -663,7 +675,7 @@ where
         };
         req.extensions_mut()
             .insert(Attempt::new(n, *self.max_attempts, self.request.clone()));
-        req
+        Some(req)
     }
 
     /// Whether an inner layer took the request over, and how it ended there.
@@ -759,7 +771,7 @@ where
             end,
         );
         if let Source::Recording(r) = self.body {
-            r.clear();
+            r.stop();
         }
         *self.done = true;
         self.state.set(State::Done);
