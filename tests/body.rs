@@ -162,16 +162,22 @@ async fn in_flight_cap_passes_through_and_gauge_returns_to_zero() {
     let layer = SqliteRetryLayer::new(policy);
     let metrics = layer.metrics();
     let (release, released) = tokio::sync::watch::channel(false);
+    let second_calls = Arc::new(Mutex::new(Vec::new()));
+    let calls = second_calls.clone();
     let app = Router::new()
         .route(
             "/hold",
             post(move |body: Bytes| {
                 let mut released = released.clone();
+                let calls = calls.clone();
                 async move {
                     if body[0] == 1 {
                         released.wait_for(|r| *r).await.unwrap();
+                        return Ok(body.len().to_string());
                     }
-                    body.len().to_string()
+                    // The second request fails retryably: a buffered body would be replayed.
+                    calls.lock().unwrap().push(body.len());
+                    Err(DbError::from(sqlx::Error::PoolTimedOut))
                 }
             }),
         )
@@ -200,10 +206,16 @@ async fn in_flight_cap_passes_through_and_gauge_returns_to_zero() {
         )
         .await
         .unwrap();
-    // Passed through and answered by its one attempt, untouched.
-    assert!(second.extensions().get::<RetryOutcome>().is_none());
-    let text = second.into_body().collect().await.unwrap().to_bytes();
-    assert_eq!(&text[..], b"800", "passed through whole");
+    // Passed through: its retryable failure is not replayed (a buffered body would have been,
+    // twice more), and the outcome says why.
+    assert_eq!(outcome(&second).outcome(), Outcome::NotReplayable);
+    assert_eq!(outcome(&second).attempts(), 1);
+    assert_eq!(
+        *second_calls.lock().unwrap(),
+        [800],
+        "one attempt, the body whole"
+    );
+    assert_eq!(second.status(), StatusCode::SERVICE_UNAVAILABLE);
     release.send(true).unwrap();
     let first = first.await.unwrap().unwrap();
     assert_eq!(first.status(), StatusCode::OK);
