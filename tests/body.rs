@@ -817,3 +817,156 @@ async fn a_passed_through_prefix_stays_counted_while_held() {
     );
     assert_eq!(metrics.snapshot().buffered_bytes, 0);
 }
+
+// --- Property: every attempt that reads to the end reads the client's body, or an error ---
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// One request: the client's frames, how each attempt reads, and the caps.
+    #[derive(Debug, Clone)]
+    struct Case {
+        chunks: Vec<Vec<u8>>,
+        trailers: bool,
+        /// The client's stream fails after this many data frames (instead of ending).
+        error_after: Option<usize>,
+        expect: bool,
+        max_body_bytes: usize,
+        /// Per attempt: frames read in the handler (`None`: to the end), and whether a task of
+        /// its own reads the rest after the answer.
+        attempts: Vec<(Option<usize>, bool)>,
+    }
+
+    fn case() -> impl Strategy<Value = Case> {
+        (
+            prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), 0..6),
+            any::<bool>(),
+            prop::option::weighted(0.2, 0usize..6),
+            any::<bool>(),
+            prop::sample::select(vec![16usize, 64, 4096]),
+            prop::collection::vec(
+                (prop::option::weighted(0.6, 0usize..8), any::<bool>()),
+                1..5,
+            ),
+        )
+            .prop_map(
+                |(chunks, trailers, error_after, expect, max_body_bytes, attempts)| Case {
+                    error_after: error_after.filter(|k| *k <= chunks.len()),
+                    chunks,
+                    trailers,
+                    expect,
+                    max_body_bytes,
+                    attempts,
+                },
+            )
+    }
+
+    fn run(case: Case) -> Result<(), TestCaseError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let sent_trailers = trailers(&[("x-sum", "1")]);
+            let reads: Arc<Mutex<Vec<(u32, Read)>>> = Arc::default();
+            let tasks: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
+            let max = case.attempts.len() as u32;
+            let (r, t, plan) = (reads.clone(), tasks.clone(), case.attempts.clone());
+            let handler: Handler = Arc::new(move |n, mut body| {
+                let (reads, tasks) = (r.clone(), t.clone());
+                let (frames, background) = plan[n as usize - 1];
+                Box::pin(async move {
+                    let mut seen = read(&mut body, frames.unwrap_or(usize::MAX)).await;
+                    if background && seen.end == End::Stopped {
+                        // Reads the rest after the answer (and after any newer attempt).
+                        tasks.lock().unwrap().push(tokio::spawn(async move {
+                            tokio::task::yield_now().await;
+                            let rest = read(&mut body, usize::MAX).await;
+                            seen.bytes.extend(rest.bytes);
+                            if let Some(t) = rest.trailers {
+                                seen.trailers.get_or_insert_with(Default::default).extend(t);
+                            }
+                            seen.end = rest.end;
+                            reads.lock().unwrap().push((n, seen));
+                        }));
+                    } else {
+                        reads.lock().unwrap().push((n, seen));
+                    }
+                    if n < max {
+                        busy()
+                    } else {
+                        StatusCode::OK.into_response()
+                    }
+                })
+            });
+            let policy = quick_policy()
+                .max_attempts(max)
+                .max_body_bytes(case.max_body_bytes);
+            let (svc, metrics) = service(policy, handler);
+            let (tx, body) = client(None);
+            let mut whole = Vec::new();
+            for (i, chunk) in case.chunks.iter().enumerate() {
+                if case.error_after == Some(i) {
+                    break;
+                }
+                data(&tx, chunk);
+                whole.extend_from_slice(chunk);
+            }
+            match case.error_after {
+                Some(_) => tx
+                    .unbounded_send(Err(std::io::Error::other("client failed")))
+                    .unwrap(),
+                None if case.trailers => tx
+                    .unbounded_send(Ok(Frame::trailers(sent_trailers.clone())))
+                    .unwrap(),
+                None => {}
+            }
+            drop(tx);
+            let res = svc.oneshot(upload(body, case.expect)).await.unwrap();
+            let handles: Vec<_> = std::mem::take(&mut *tasks.lock().unwrap());
+            for h in handles {
+                h.await.unwrap();
+            }
+            let expected_trailers =
+                (case.error_after.is_none() && case.trailers).then(|| sent_trailers.clone());
+            let reads = reads.lock().unwrap().clone();
+            prop_assert!(!reads.is_empty());
+            for (n, seen) in &reads {
+                match &seen.end {
+                    End::Clean => {
+                        prop_assert!(
+                            case.error_after.is_none(),
+                            "attempt {n}: a clean end although the client failed: {seen:?}"
+                        );
+                        prop_assert_eq!(&seen.bytes, &whole, "attempt {}: bytes", n);
+                        prop_assert_eq!(&seen.trailers, &expected_trailers, "attempt {}", n);
+                    }
+                    End::Error(_) => {}
+                    End::Stopped => {
+                        // Only a reader told to stop early may stop early.
+                        let (frames, background) = case.attempts[*n as usize - 1];
+                        prop_assert!(frames.is_some() && !background, "attempt {n}: {seen:?}");
+                        // What it read is a prefix of the client's bytes.
+                        prop_assert!(whole.starts_with(&seen.bytes), "attempt {n}: {seen:?}");
+                    }
+                }
+            }
+            let attempts = res
+                .extensions()
+                .get::<RetryOutcome>()
+                .map_or(1, RetryOutcome::attempts);
+            prop_assert!(attempts <= max);
+            prop_assert_eq!(metrics.snapshot().buffered_bytes, 0);
+            Ok(())
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1500))]
+        #[test]
+        fn every_attempt_that_reads_to_the_end_reads_the_clients_body_or_an_error(c in case()) {
+            run(c)?;
+        }
+    }
+}
