@@ -93,6 +93,8 @@ pub(crate) enum NotReplayable {
     InFlightCap,
     Upgrade,
     BodyError,
+    /// The body was not in by the deadline (a stalled or trickling upload).
+    BodyTooSlow,
 }
 
 impl NotReplayable {
@@ -103,6 +105,7 @@ impl NotReplayable {
             NotReplayable::InFlightCap => "in_flight_cap",
             NotReplayable::Upgrade => "upgrade_or_connect",
             NotReplayable::BodyError => "body_error",
+            NotReplayable::BodyTooSlow => "body_too_slow",
         }
     }
 }
@@ -298,6 +301,12 @@ where
                 }
             }
         }
+    }
+
+    /// Stops buffering (the body was not in by the deadline): the one attempt gets what was
+    /// read, then the rest of the stream, as the client sends it.
+    pub(crate) fn give_up(&mut self, why: NotReplayable) -> Collected<B> {
+        self.pass_through(None, None, why)
     }
 
     fn finish(&mut self) -> Buffered {

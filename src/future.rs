@@ -379,7 +379,19 @@ where
                     let Source::Collecting(collector) = this.body else {
                         unreachable!("Buffering state holds a collector");
                     };
-                    *this.body = match ready!(collector.poll_collect(cx)) {
+                    // NOTE: the upload has `deadline` to arrive (its own timer, from the
+                    // request's start): a stalled or trickling client must not hold its bytes
+                    // against `max_buffered_bytes`, and so switch retries off for everyone,
+                    // for longer. Past it the request is passed through to one attempt.
+                    let collected = match collector.poll_collect(cx) {
+                        Poll::Ready(collected) => collected,
+                        Poll::Pending if deadline_passed(this.timer, *this.deadline, cx) => {
+                            collector.give_up(NotReplayable::BodyTooSlow)
+                        }
+                        Poll::Pending => return Poll::Pending,
+                    };
+                    *this.timer = None;
+                    *this.body = match collected {
                         Collected::Replayable(buffered) => Source::Buffered(buffered),
                         Collected::PassThrough(body, why) => {
                             tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
@@ -389,7 +401,8 @@ where
                             Source::Once(Some(body), Some(why))
                         }
                     };
-                    // The deadline runs from here: the upload's pace was the client's.
+                    // The attempts' deadline runs from here: the upload's pace was the client's
+                    // (and had a deadline of its own, above).
                     *this.start = Instant::now();
                     *this.deadline = this.start.checked_add(this.shared.policy.deadline);
                     this.state.set(State::Queue);

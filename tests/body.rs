@@ -970,3 +970,72 @@ mod props {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn trickling_uploads_do_not_switch_retries_off_for_everyone() {
+    // Four clients send 1,000 bytes each and stall: together they hold the whole in-flight cap
+    // (4 KiB). Within the deadline they wait to be buffered; past it they are passed through
+    // to their handlers (which read on, from the client, as without the layer), and their
+    // bytes are given back: a fifth, ordinary request is replayed as usual.
+    let deadline = Duration::from_secs(10);
+    let (entered_tx, mut entered) = tokio::sync::mpsc::unbounded_channel();
+    let handler: Handler = Arc::new(move |n, mut body| {
+        let entered_tx = entered_tx.clone();
+        Box::pin(async move {
+            let _ = entered_tx.send(());
+            let all = read(&mut body, usize::MAX).await;
+            if n == 1 {
+                busy()
+            } else {
+                (StatusCode::OK, all.bytes).into_response()
+            }
+        })
+    });
+    let policy = quick_policy()
+        .max_body_bytes(1024)
+        .max_buffered_bytes(4096)
+        .deadline(deadline);
+    let (svc, metrics) = service(policy, handler);
+    let mut stalled = Vec::new();
+    for _ in 0..4 {
+        let (tx, body) = client(None);
+        data(&tx, &[9; 1000]);
+        stalled.push((tx, tokio::spawn(svc.clone().oneshot(upload(body, false)))));
+    }
+    while metrics.snapshot().buffered_bytes < 4000 {
+        tokio::task::yield_now().await;
+    }
+    // The clock moves on (paused: it jumps) past the stalled uploads' deadline.
+    tokio::time::sleep(deadline + Duration::from_millis(1)).await;
+    tokio::task::yield_now().await;
+    // The handlers hold the stalled bodies; none of their bytes is held for a replay.
+    assert_eq!(
+        metrics.snapshot().buffered_bytes,
+        0,
+        "stalled uploads still hold the in-flight cap"
+    );
+    for _ in 0..4 {
+        entered.try_recv().expect("each stalled upload reached its handler");
+    }
+
+    let res = svc
+        .clone()
+        .oneshot(upload(Body::from(vec![5u8; 500]), false))
+        .await
+        .unwrap();
+    assert_eq!(outcome(&res).outcome(), Outcome::SucceededAfterRetry);
+    assert_eq!(
+        res.into_body().collect().await.unwrap().to_bytes(),
+        vec![5u8; 500]
+    );
+    // The stalled clients finish; their handlers read every byte they sent (the handler's
+    // first attempt then fails retryably, and the body is not replayable: not replayed).
+    for (tx, request) in stalled {
+        data(&tx, &[8; 10]);
+        drop(tx);
+        let res = request.await.unwrap().unwrap();
+        assert_eq!(outcome(&res).outcome(), Outcome::NotReplayable);
+        assert_eq!(outcome(&res).attempts(), 1);
+    }
+    assert_eq!(metrics.snapshot().buffered_bytes, 0);
+}
