@@ -14,18 +14,31 @@
 //!   alone (a `401`, a `413`) and the upload is never sent. Reading the body first would send
 //!   the go-ahead at once; instead the first attempt reads the client's body itself, and the
 //!   layer records what it reads. A replay gets the recorded bytes, then whatever the first
-//!   attempt left unread.
+//!   attempt left unread. Only the newest attempt's body reads from the client: a body left
+//!   from an earlier attempt (a task the handler spawned) then fails with an error frame,
+//!   never a clean end of a shorter body; a replay never starts once the recording was lost
+//!   (a reader went past a cap, the client's stream failed); the last allowed attempt records
+//!   nothing; and when the request is over the last attempt's body goes on reading from the
+//!   client (a response that streams the request body, a task that reads it after a `202`).
+//!
+//! A body that is not in by the request's
+//! [`deadline`](crate::RetryPolicy::deadline) is passed through to one attempt (tracing field
+//! `retry.not_replayable = "body_too_slow"`): a stalled or trickling upload never holds its
+//! bytes against `max_buffered_bytes`, and so never switches retries off for other requests,
+//! for longer than that. The attempts then have the whole deadline of their own.
 //!
 //! Either way the copy is bounded: per request by
 //! [`RetryPolicy::max_body_bytes`](crate::RetryPolicy::max_body_bytes), and for all requests
 //! in flight through one layer by
 //! [`RetryPolicy::max_buffered_bytes`](crate::RetryPolicy::max_buffered_bytes), counted as the
 //! memory really held (the buffer's capacity, not the payload: a body sent in one-byte frames
-//! is copied into one buffer, never kept as a handle per frame). A body that would cross a cap
-//! is **passed through whole** to a single attempt (what was read, then the rest of the
-//! stream), never rejected; so is a body whose stream fails, and the error reaches the handler
-//! as it would without the layer (a `LengthLimitError` from tower-http's
-//! `RequestBodyLimitLayer` outside the layer still answers `413`).
+//! is copied into one buffer, never kept as a handle per frame; and every frame is copied, so
+//! that a small body never keeps a connection's much larger read buffer alive). A body that
+//! would cross a cap is **passed through whole** to a single attempt (what was read, counted
+//! until the attempt has read it, then the rest of the stream), never rejected; so is a body
+//! whose stream fails, and the error reaches the handler as it would without the layer (a
+//! `LengthLimitError` from tower-http's `RequestBodyLimitLayer` outside the layer still
+//! answers `413`).
 
 use std::collections::VecDeque;
 use std::fmt;

@@ -1015,7 +1015,9 @@ async fn trickling_uploads_do_not_switch_retries_off_for_everyone() {
         "stalled uploads still hold the in-flight cap"
     );
     for _ in 0..4 {
-        entered.try_recv().expect("each stalled upload reached its handler");
+        entered
+            .try_recv()
+            .expect("each stalled upload reached its handler");
     }
 
     let res = svc
