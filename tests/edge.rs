@@ -332,6 +332,75 @@ async fn expect_continue_echo_streams_the_whole_upload_back() {
     }
 }
 
+/// Reads frames up to the trailers (not the end of stream) and answers with what it got; on a
+/// first attempt under the layer it fails retryably after that read.
+async fn trailers_upload(req: AxumRequest) -> Response {
+    use http_body_util::BodyExt;
+    let replayable_first = req
+        .extensions()
+        .get::<Attempt>()
+        .is_some_and(|a| a.number() == 1);
+    let mut body = req.into_body();
+    let mut len = 0;
+    let mut sum = String::from("none");
+    while let Some(frame) = body.frame().await {
+        let frame = frame.expect("no error");
+        match frame.into_data() {
+            Ok(data) => len += data.len(),
+            Err(frame) => {
+                let trailers = frame.into_trailers().expect("trailers");
+                sum = trailers
+                    .get("x-sum")
+                    .map_or("missing".into(), |v| v.to_str().unwrap().to_owned());
+                break;
+            }
+        }
+    }
+    if replayable_first {
+        return busy();
+    }
+    (StatusCode::OK, format!("{len} {sum}")).into_response()
+}
+
+#[tokio::test]
+async fn trailers_reach_the_replay_over_http() {
+    for (with_layer, expect) in [(false, true), (true, true), (true, false)] {
+        let router = Router::new().route("/t", post(trailers_upload));
+        let app = if with_layer {
+            router.layer(SqliteRetryLayer::new(quick(3)))
+        } else {
+            router
+        };
+        let server = serve(app).await;
+        let mut client = Raw::connect(server.addr).await;
+        let expect_header = if expect {
+            "expect: 100-continue\r\n"
+        } else {
+            ""
+        };
+        client
+            .send(
+                format!(
+                    "POST /t HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\ntrailer: x-sum\r\n{expect_header}\r\n"
+                )
+                .as_bytes(),
+            )
+            .await;
+        if expect {
+            assert_eq!(client.response().await.status, 100);
+        }
+        client
+            .send(b"5\r\nhello\r\n6\r\n world\r\n0\r\nx-sum: 42\r\n\r\n")
+            .await;
+        let res = client.response().await;
+        assert_eq!(
+            (res.status, String::from_utf8_lossy(&res.body).into_owned()),
+            (200, "11 42".to_owned()),
+            "with layer: {with_layer}, expect: {expect}"
+        );
+    }
+}
+
 // --- Body errors keep their types; size hints are kept -------------------------------------
 
 #[tokio::test]
