@@ -862,11 +862,19 @@ mod props {
             )
     }
 
-    fn run(case: Case) -> Result<(), TestCaseError> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+    fn run(case: Case, threads: bool) -> Result<(), TestCaseError> {
+        // On two worker threads the background readers race the newer attempts for real.
+        let rt = if threads {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+        } else {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+        }
+        .unwrap();
         rt.block_on(async move {
             let sent_trailers = trailers(&[("x-sum", "1")]);
             let reads: Arc<Mutex<Vec<(u32, Read)>>> = Arc::default();
@@ -965,8 +973,11 @@ mod props {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(1500))]
         #[test]
-        fn every_attempt_that_reads_to_the_end_reads_the_clients_body_or_an_error(c in case()) {
-            run(c)?;
+        fn every_attempt_that_reads_to_the_end_reads_the_clients_body_or_an_error(
+            c in case(),
+            threads in any::<bool>(),
+        ) {
+            run(c, threads)?;
         }
     }
 }
