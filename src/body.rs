@@ -519,9 +519,13 @@ pin_project! {
     ///
     /// It reads as the client's body did: the same bytes, the same trailers, the same
     /// `size_hint` where the layer knows it, and the client body's own errors, boxed (they
-    /// downcast to their own type). An `axum::Error` is unwrapped first: axum's `Router` wraps
-    /// the errors of this body in an `axum::Error` again, so the handler's extractors see the
-    /// error exactly as without the layer (a `LengthLimitError` still answers `413`).
+    /// downcast to their own type). Inside an axum `Router` (the request has a `MatchedPath`),
+    /// an `axum::Error` is unwrapped first: the `Router` wraps the errors of this body in an
+    /// `axum::Error` again, so the handler's extractors see the error exactly as without the
+    /// layer (a `LengthLimitError` still answers `413`). Elsewhere (a plain `service_fn`, the
+    /// layer outside any `Router`) the error is the client body's own, `axum::Error` included.
+    /// The one mismatch left: a service mounted with `Router::route_service` under the layer
+    /// reads the body itself and sees the unwrapped error.
     ///
     /// Depending on the request, it is a copy of a body buffered before the first attempt, the
     /// client's body itself (requests that are not replayed), or the client's body recorded as
@@ -534,6 +538,8 @@ pin_project! {
     {
         #[pin]
         kind: Kind<B>,
+        // axum's `Router` boxes this body again: take one `axum::Error` off its errors.
+        unwrap_axum: bool,
     }
 }
 
@@ -572,7 +578,17 @@ pin_project! {
 
 impl<B: Body> ReplayBody<B> {
     fn from_kind(kind: Kind<B>) -> Self {
-        Self { kind }
+        Self {
+            kind,
+            unwrap_axum: false,
+        }
+    }
+
+    /// Marks the body as read through axum's routing (the request was routed by a `Router`,
+    /// which boxes the body again): its errors lose one `axum::Error`, see [`transparent`].
+    pub(crate) fn routed(mut self, routed: bool) -> Self {
+        self.unwrap_axum = routed;
+        self
     }
 
     pub(crate) fn empty() -> Self {
@@ -595,9 +611,13 @@ fn to_bytes<D: Buf>(frame: Frame<D>) -> Frame<Bytes> {
 /// errors in one more `axum::Error`, and axum's extractors look only two `axum::Error`s deep
 /// for the `LengthLimitError` that answers `413` (`FailedToBufferBody::from_err`). The layer
 /// is such a hop, so it takes one `axum::Error` off: what the handler gets is then exactly
-/// what it would have got without the layer.
-fn transparent<E: Into<BoxError>>(error: E) -> BoxError {
+/// what it would have got without the layer. Only then, though: a service that reads this
+/// body itself (not re-boxed) gets the client body's error as it is.
+fn transparent<E: Into<BoxError>>(error: E, unwrap_axum: bool) -> BoxError {
     let error = error.into();
+    if !unwrap_axum {
+        return error;
+    }
     #[cfg(feature = "axum")]
     let error = match error.downcast::<axum::Error>() {
         Ok(axum_error) => axum_error.into_inner(),
@@ -619,10 +639,11 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let unwrap_axum = self.unwrap_axum;
         self.poll_client_frame(cx).map(|frame| {
             frame.map(|r| {
                 r.map_err(|e| match e {
-                    ReadError::Client(e) => transparent(e),
+                    ReadError::Client(e) => transparent(e, unwrap_axum),
                     ReadError::Superseded => Box::new(Superseded) as BoxError,
                 })
             })

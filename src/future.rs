@@ -665,6 +665,8 @@ where
             Source::Once(body, _) => (body.take().expect("one attempt only"), true),
             Source::Collecting(_) => unreachable!("body read before the first call"),
         };
+        // Routed by axum (a route template): the inner `Route` boxes the body again.
+        let body = body.routed(self.route.path().is_some());
         *self.attempt = n;
         if n > 1 {
             self.shared.counters.retry();

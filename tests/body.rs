@@ -1052,3 +1052,39 @@ async fn trickling_uploads_do_not_switch_retries_off_for_everyone() {
     }
     assert_eq!(metrics.snapshot().buffered_bytes, 0);
 }
+
+#[tokio::test]
+async fn a_plain_service_sees_the_client_bodys_own_error_type() {
+    // No `Router` re-boxes the body here: the error must be the client body's own (an
+    // `axum::Error`, as `axum::body::Body` gives it without the layer), not its insides.
+    for expect in [false, true] {
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let e = errors.clone();
+        let handler: Handler = Arc::new(move |_, mut body| {
+            let e = e.clone();
+            Box::pin(async move {
+                while let Some(frame) = body.frame().await {
+                    if let Err(err) = frame {
+                        let is_axum = err.downcast_ref::<axum::Error>().is_some();
+                        e.lock().unwrap().push((is_axum, err.to_string()));
+                        break;
+                    }
+                }
+                StatusCode::OK.into_response()
+            })
+        });
+        let (svc, _) = service(quick_policy(), handler);
+        let (tx, body) = client(None);
+        data(&tx, b"some");
+        tx.unbounded_send(Err(std::io::Error::other("client went away")))
+            .unwrap();
+        drop(tx);
+        let _ = svc.oneshot(upload(body, expect)).await.unwrap();
+        // Without the layer: `Body::frame` yields an `axum::Error` wrapping the client's.
+        assert_eq!(
+            *errors.lock().unwrap(),
+            [(true, "client went away".to_owned())],
+            "expect: {expect}"
+        );
+    }
+}
