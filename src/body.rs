@@ -23,9 +23,11 @@
 //!
 //! A body that is not in by the request's
 //! [`deadline`](crate::RetryPolicy::deadline) is passed through to one attempt (tracing field
-//! `retry.not_replayable = "body_too_slow"`): a stalled or trickling upload never holds its
-//! bytes against `max_buffered_bytes`, and so never switches retries off for other requests,
-//! for longer than that. The attempts then have the whole deadline of their own.
+//! `retry.not_replayable = "body_too_slow"`); a recorded one is no longer recorded from then on
+//! (the attempt reading it reads on, without replays): a stalled or trickling upload never
+//! holds its bytes against `max_buffered_bytes`, and so never switches retries off for other
+//! requests, for longer than that. The attempts of a buffered body then have the whole
+//! deadline of their own.
 //!
 //! Either way the copy is bounded: per request by
 //! [`RetryPolicy::max_body_bytes`](crate::RetryPolicy::max_body_bytes), and for all requests
@@ -46,6 +48,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker, ready};
 
+use tokio::time::{Instant, Sleep};
 use tower::BoxError;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -387,20 +390,30 @@ struct Recorder<B: Body> {
     /// The newest attempt's reader, when it waits for the client: woken when a newer attempt
     /// takes the body over, so that it hears its error instead of waiting forever.
     parked: Option<Waker>,
+    /// When recording stops if the client has not finished its upload (the request's
+    /// deadline): a stalled upload must not hold its bytes against the in-flight cap.
+    record_until: Option<Instant>,
+    /// Its timer, armed the first time a reader waits for the client.
+    record_timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl<B: Body> Recording<B>
 where
     B::Data: Buf,
 {
+    /// `until`: the request's deadline; an upload still under way then is no longer recorded
+    /// (the request is not replayable, `body_too_slow`), and its bytes are given back.
     pub(crate) fn new(
         body: B,
         counters: Arc<Counters>,
         caps: Caps,
         declared: Option<usize>,
+        until: Option<Instant>,
     ) -> Self {
         Self {
             shared: Arc::new(Mutex::new(Recorder {
+                record_until: until,
+                record_timer: None,
                 source: Some(Box::pin(body)),
                 segments: Vec::new(),
                 held: Held::new(counters, caps, declared),
@@ -458,6 +471,8 @@ where
         let mut rec = lock(&self.shared);
         rec.stopped = true;
         rec.recording = false;
+        rec.record_until = None;
+        rec.record_timer = None;
         rec.segments = Vec::new();
         rec.held.discard();
     }
@@ -477,6 +492,27 @@ impl<B: Body> Recorder<B> {
         self.lost = Some(why);
         self.segments = Vec::new();
         self.held.discard();
+        self.record_until = None;
+        self.record_timer = None;
+    }
+
+    /// The reader waits for the client: past the deadline, stop recording (this attempt reads
+    /// on; no other attempt will).
+    fn stop_recording_if_too_slow(&mut self, cx: &mut Context<'_>) {
+        let Some(until) = self.record_until else {
+            return;
+        };
+        if !self.recording || self.lost.is_some() {
+            self.record_until = None;
+            self.record_timer = None;
+            return;
+        }
+        let timer = self
+            .record_timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+        if timer.as_mut().poll(cx).is_ready() {
+            self.give_up(NotReplayable::BodyTooSlow);
+        }
     }
 }
 
@@ -728,6 +764,7 @@ where
                     match source.as_mut().poll_frame(cx) {
                         Poll::Pending => {
                             rec.parked = Some(cx.waker().clone());
+                            rec.stop_recording_if_too_slow(cx);
                             return Poll::Pending;
                         }
                         Poll::Ready(None) => rec.source = None,

@@ -271,7 +271,9 @@ where
         } else if expect_continue {
             // The client waits for the go-ahead: let the first attempt read (and so ask for)
             // the body, and record it as it goes.
-            let recording = Recording::new(body, shared.counters.clone(), caps, declared);
+            // Recorded within the deadline, from the request's start (as a buffered body is).
+            let until = Instant::now().checked_add(policy.deadline);
+            let recording = Recording::new(body, shared.counters.clone(), caps, declared, until);
             (Source::Recording(recording), State::Queue, replayable())
         } else {
             let collector = Collector::new(body, shared.counters.clone(), caps, declared);

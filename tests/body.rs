@@ -984,6 +984,17 @@ mod props {
 
 #[tokio::test(start_paused = true)]
 async fn trickling_uploads_do_not_switch_retries_off_for_everyone() {
+    trickling_uploads(false).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn trickling_recorded_uploads_do_not_switch_retries_off_for_everyone() {
+    // The same with `Expect: 100-continue`: the handlers read the stalled uploads as they come
+    // (recorded), and the recording stops at the deadline.
+    trickling_uploads(true).await;
+}
+
+async fn trickling_uploads(expect: bool) {
     // Four clients send 1,000 bytes each and stall: together they hold the whole in-flight cap
     // (4 KiB). Within the deadline they wait to be buffered; past it they are passed through
     // to their handlers (which read on, from the client, as without the layer), and their
@@ -1011,7 +1022,7 @@ async fn trickling_uploads_do_not_switch_retries_off_for_everyone() {
     for _ in 0..4 {
         let (tx, body) = client(None);
         data(&tx, &[9; 1000]);
-        stalled.push((tx, tokio::spawn(svc.clone().oneshot(upload(body, false)))));
+        stalled.push((tx, tokio::spawn(svc.clone().oneshot(upload(body, expect)))));
     }
     while metrics.snapshot().buffered_bytes < 4000 {
         tokio::task::yield_now().await;
@@ -1023,7 +1034,7 @@ async fn trickling_uploads_do_not_switch_retries_off_for_everyone() {
     assert_eq!(
         metrics.snapshot().buffered_bytes,
         0,
-        "stalled uploads still hold the in-flight cap"
+        "stalled uploads still hold the in-flight cap (expect: {expect})"
     );
     for _ in 0..4 {
         entered
