@@ -14,25 +14,41 @@
 //!   alone (a `401`, a `413`) and the upload is never sent. Reading the body first would send
 //!   the go-ahead at once; instead the first attempt reads the client's body itself, and the
 //!   layer records what it reads. A replay gets the recorded bytes, then whatever the first
-//!   attempt left unread.
+//!   attempt left unread. Only the newest attempt's body reads from the client: a body left
+//!   from an earlier attempt (a task the handler spawned) then fails with an error frame,
+//!   never a clean end of a shorter body; a replay never starts once the recording was lost
+//!   (a reader went past a cap, the client's stream failed); the last allowed attempt records
+//!   nothing; and when the request is over the last attempt's body goes on reading from the
+//!   client (a response that streams the request body, a task that reads it after a `202`).
+//!
+//! A body that is not in by the request's
+//! [`deadline`](crate::RetryPolicy::deadline) is passed through to one attempt (tracing field
+//! `retry.not_replayable = "body_too_slow"`); a recorded one is no longer recorded from then on
+//! (the attempt reading it reads on, without replays): a stalled or trickling upload never
+//! holds its bytes against `max_buffered_bytes`, and so never switches retries off for other
+//! requests, for longer than that. The attempts of a buffered body then have the whole
+//! deadline of their own.
 //!
 //! Either way the copy is bounded: per request by
 //! [`RetryPolicy::max_body_bytes`](crate::RetryPolicy::max_body_bytes), and for all requests
 //! in flight through one layer by
 //! [`RetryPolicy::max_buffered_bytes`](crate::RetryPolicy::max_buffered_bytes), counted as the
 //! memory really held (the buffer's capacity, not the payload: a body sent in one-byte frames
-//! is copied into one buffer, never kept as a handle per frame). A body that would cross a cap
-//! is **passed through whole** to a single attempt (what was read, then the rest of the
-//! stream), never rejected; so is a body whose stream fails, and the error reaches the handler
-//! as it would without the layer (a `LengthLimitError` from tower-http's
-//! `RequestBodyLimitLayer` outside the layer still answers `413`).
+//! is copied into one buffer, never kept as a handle per frame; and every frame is copied, so
+//! that a small body never keeps a connection's much larger read buffer alive). A body that
+//! would cross a cap is **passed through whole** to a single attempt (what was read, counted
+//! until the attempt has read it, then the rest of the stream), never rejected; so is a body
+//! whose stream fails, and the error reaches the handler as it would without the layer (a
+//! `LengthLimitError` from tower-http's `RequestBodyLimitLayer` outside the layer still
+//! answers `413`).
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll, Waker, ready};
 
+use tokio::time::{Instant, Sleep};
 use tower::BoxError;
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -93,6 +109,8 @@ pub(crate) enum NotReplayable {
     InFlightCap,
     Upgrade,
     BodyError,
+    /// The body was not in by the deadline (a stalled or trickling upload).
+    BodyTooSlow,
 }
 
 impl NotReplayable {
@@ -103,6 +121,7 @@ impl NotReplayable {
             NotReplayable::InFlightCap => "in_flight_cap",
             NotReplayable::Upgrade => "upgrade_or_connect",
             NotReplayable::BodyError => "body_error",
+            NotReplayable::BodyTooSlow => "body_too_slow",
         }
     }
 }
@@ -118,13 +137,14 @@ pub(crate) struct Caps {
 
 /// A growing copy of a body's bytes whose memory is counted against the caps.
 ///
-/// A body that comes in one frame is kept as that frame (no copy). From the second frame on,
-/// everything is copied into one buffer that grows geometrically, never beyond the body cap nor
-/// beyond the declared length, and whose *capacity* is what the in-flight cap counts.
+/// Every frame is copied, the first one too: a frame from hyper (or h2) is a slice of the
+/// connection's read buffer, and keeping it would keep that whole buffer alive (up to hundreds
+/// of KiB behind a body of a few bytes) while the cap counted only the slice. The copy goes
+/// into one buffer that grows geometrically, never beyond the body cap nor beyond the declared
+/// length, and whose *capacity* is what the in-flight cap counts.
 struct Held {
-    first: Option<Bytes>,
     buf: BytesMut,
-    /// Bytes in `first` or `buf`.
+    /// Bytes in `buf`.
     len: usize,
     /// Bytes pushed since the start, taken ones included (what the body cap limits).
     total: usize,
@@ -137,7 +157,6 @@ struct Held {
 impl Held {
     fn new(counters: Arc<Counters>, caps: Caps, declared: Option<usize>) -> Self {
         Self {
-            first: None,
             buf: BytesMut::new(),
             len: 0,
             total: 0,
@@ -148,7 +167,7 @@ impl Held {
     }
 
     /// Appends `data`; on `Err` nothing was appended, and the reason says which cap refused.
-    fn push(&mut self, data: &Bytes) -> Result<(), NotReplayable> {
+    fn push(&mut self, data: &[u8]) -> Result<(), NotReplayable> {
         let n = data.len();
         if n == 0 {
             return Ok(());
@@ -158,48 +177,32 @@ impl Held {
             return Err(NotReplayable::StreamedOverCap);
         }
         let needed = self.len + n;
-        if self.len == 0 && self.buf.capacity() == 0 {
-            // The first frame: keep it as it is.
-            if !self.permit.grow(n, self.caps.in_flight) {
+        if needed > self.buf.capacity() {
+            // Grow geometrically (amortised copies), never past what this buffer can still be
+            // asked to hold (the declared length, else the body cap), and count the new
+            // buffer's capacity before it is allocated.
+            let taken = self.total - self.len;
+            let ceiling = self
+                .declared
+                .map(|d| d.saturating_sub(taken))
+                .filter(|d| *d >= needed)
+                .unwrap_or(self.caps.body - taken);
+            let cap = needed
+                .max(self.buf.capacity().saturating_mul(2))
+                .min(ceiling);
+            // The old buffer is freed as soon as it is copied: count the difference.
+            let was = self.buf.capacity();
+            if !self
+                .permit
+                .grow(cap.saturating_sub(was), self.caps.in_flight)
+            {
                 return Err(NotReplayable::InFlightCap);
             }
-            self.first = Some(data.clone());
-        } else {
-            if needed > self.buf.capacity() {
-                // Grow geometrically (amortised copies), never past what this buffer can
-                // still be asked to hold (the declared length, else the body cap), and count
-                // the new buffer's capacity before it is allocated.
-                let taken = self.total - self.len;
-                let ceiling = self
-                    .declared
-                    .map(|d| d.saturating_sub(taken))
-                    .filter(|d| *d >= needed)
-                    .unwrap_or(self.caps.body - taken);
-                let cap = needed
-                    .max(self.buf.capacity().saturating_mul(2))
-                    .min(ceiling);
-                // The old buffer (or the first frame) is freed as soon as it is copied: count
-                // the difference.
-                let was = match &self.first {
-                    Some(first) => first.len(),
-                    None => self.buf.capacity(),
-                };
-                if !self
-                    .permit
-                    .grow(cap.saturating_sub(was), self.caps.in_flight)
-                {
-                    return Err(NotReplayable::InFlightCap);
-                }
-                let mut grown = BytesMut::with_capacity(cap);
-                match self.first.take() {
-                    Some(first) => grown.extend_from_slice(&first),
-                    None => grown.extend_from_slice(&self.buf),
-                }
-                self.buf = grown;
-                self.permit.shrink(was.saturating_sub(cap));
-            }
-            self.buf.extend_from_slice(data);
+            let mut grown = BytesMut::with_capacity(cap);
+            grown.extend_from_slice(&self.buf);
+            self.buf = grown;
         }
+        self.buf.extend_from_slice(data);
         self.len = needed;
         self.total = total;
         Ok(())
@@ -209,15 +212,18 @@ impl Held {
     /// the permit drops (or `discard`).
     fn take(&mut self) -> Bytes {
         self.len = 0;
-        match self.first.take() {
-            Some(first) => first,
-            None => std::mem::take(&mut self.buf).freeze(),
-        }
+        std::mem::take(&mut self.buf).freeze()
+    }
+
+    /// The count of everything taken or held so far, moved out (to live as long as the bytes
+    /// it counts); this copy counts nothing from now on.
+    fn take_permit(&mut self) -> BufferPermit {
+        let counters = self.permit.counters.clone();
+        std::mem::replace(&mut self.permit, BufferPermit::new(counters))
     }
 
     /// Drops the copy and gives its memory back.
     fn discard(&mut self) {
-        self.first = None;
         self.buf = BytesMut::new();
         self.len = 0;
         self.permit.release_all();
@@ -313,15 +319,18 @@ where
         }
     }
 
+    /// Stops buffering (the body was not in by the deadline): the one attempt gets what was
+    /// read, then the rest of the stream, as the client sends it.
+    pub(crate) fn give_up(&mut self, why: NotReplayable) -> Collected<B> {
+        self.pass_through(None, None, why)
+    }
+
     fn finish(&mut self) -> Buffered {
         self.body = None;
-        let data = self.held.take();
-        let counters = self.held.permit.counters.clone();
-        let permit = std::mem::replace(&mut self.held.permit, BufferPermit::new(counters));
         Buffered {
-            data,
+            data: self.held.take(),
             trailers: self.trailers.take(),
-            _permit: Some(permit),
+            _permit: Some(self.held.take_permit()),
         }
     }
 
@@ -332,14 +341,15 @@ where
         why: NotReplayable,
     ) -> Collected<B> {
         let prefix = Some(self.held.take()).filter(|b| !b.is_empty());
-        // What was read is no longer held for replay: give it back to the in-flight cap.
-        self.held.discard();
+        // What was read stays counted until the attempt has read it: it is still held.
+        let permit = self.held.take_permit();
         let rest = if error.is_some() {
             None
         } else {
             self.body.take()
         };
         let body = ReplayBody::from_kind(Kind::Prefixed {
+            permit: prefix.is_some().then_some(permit),
             prefix,
             pending: pending.filter(|b| !b.is_empty()),
             error,
@@ -350,7 +360,12 @@ where
     }
 }
 
-/// A body recorded while the first attempt reads it (`Expect: 100-continue`).
+/// A body recorded while the attempts read it (`Expect: 100-continue`).
+///
+/// The attempt whose body is the newest reads the client's stream itself; what it reads is
+/// copied (within the caps) for the next attempt, which gets the copy first and then the rest
+/// of the stream. An older attempt's body, read after a newer attempt took over, fails with an
+/// error frame: it never reads as a clean end of a shorter body.
 pub(crate) struct Recording<B: Body> {
     shared: Arc<Mutex<Recorder<B>>>,
 }
@@ -358,34 +373,56 @@ pub(crate) struct Recording<B: Body> {
 struct Recorder<B: Body> {
     /// The client's body, until it ends or fails.
     source: Option<Pin<Box<B>>>,
-    /// Recorded bytes, in order: frozen segments, then what `copy` holds.
+    /// Recorded bytes, in order: frozen segments, then what `held` holds.
     segments: Vec<Bytes>,
     held: Held,
+    /// The client's trailers, once read (its stream may still have to say it ended).
     trailers: Option<HeaderMap>,
     /// `None` while a replay is possible; else why not.
     lost: Option<NotReplayable>,
-    /// The newest attempt's body; older bodies read as ended.
+    /// Whether what the newest attempt reads is still copied: not on the last attempt (no
+    /// replay could use it), nor once the request is over.
+    recording: bool,
+    /// The request is over: no attempt is to come.
+    stopped: bool,
+    /// The newest attempt's body; older bodies read as an error.
     generation: u32,
+    /// The newest attempt's reader, when it waits for the client: woken when a newer attempt
+    /// takes the body over, so that it hears its error instead of waiting forever.
+    parked: Option<Waker>,
+    /// When recording stops if the client has not finished its upload (the request's
+    /// deadline): a stalled upload must not hold its bytes against the in-flight cap.
+    record_until: Option<Instant>,
+    /// Its timer, armed the first time a reader waits for the client.
+    record_timer: Option<Pin<Box<Sleep>>>,
 }
 
 impl<B: Body> Recording<B>
 where
     B::Data: Buf,
 {
+    /// `until`: the request's deadline; an upload still under way then is no longer recorded
+    /// (the request is not replayable, `body_too_slow`), and its bytes are given back.
     pub(crate) fn new(
         body: B,
         counters: Arc<Counters>,
         caps: Caps,
         declared: Option<usize>,
+        until: Option<Instant>,
     ) -> Self {
         Self {
             shared: Arc::new(Mutex::new(Recorder {
+                record_until: until,
+                record_timer: None,
                 source: Some(Box::pin(body)),
                 segments: Vec::new(),
                 held: Held::new(counters, caps, declared),
                 trailers: None,
                 lost: None,
+                recording: true,
+                stopped: false,
                 generation: 0,
+                parked: None,
             })),
         }
     }
@@ -395,38 +432,55 @@ where
         lock(&self.shared).lost
     }
 
-    /// The body of the next attempt: the bytes recorded so far, then the rest of the stream.
-    /// Every earlier attempt's body reads as ended from now on.
-    pub(crate) fn body(&self) -> ReplayBody<B> {
+    /// The body of the next attempt (`last`: no attempt comes after it): the bytes recorded so
+    /// far, then the rest of the stream. Every earlier attempt's body fails from now on.
+    ///
+    /// `None` when the recording was lost since it was last checked (an earlier attempt's
+    /// reader went past a cap, or the client's stream failed): a replay would miss bytes, so
+    /// none may start. Call it right before each attempt, and check nothing in between.
+    pub(crate) fn body(&self, last: bool) -> Option<ReplayBody<B>> {
         let mut rec = lock(&self.shared);
+        if rec.stopped || (rec.generation > 0 && rec.lost.is_some()) {
+            return None;
+        }
         rec.generation += 1;
-        let recorded = rec.held.len;
-        if recorded > 0 {
+        if let Some(waker) = rec.parked.take() {
+            waker.wake();
+        }
+        if rec.held.len > 0 {
             let tail = rec.held.take();
             rec.segments.push(tail);
         }
+        if last {
+            // What this attempt reads could never be replayed: do not copy it.
+            rec.recording = false;
+        }
         let replay: VecDeque<Bytes> = rec.segments.iter().cloned().collect();
-        ReplayBody::from_kind(Kind::Recording {
+        Some(ReplayBody::from_kind(Kind::Recording {
             replay,
             generation: rec.generation,
             trailers_sent: false,
             shared: self.shared.clone(),
-        })
+        }))
     }
 
-    /// Drops what was recorded (the request is over), even if a stale body lingers.
-    pub(crate) fn clear(&self) {
+    /// The request is over: no more attempts, and the copy is dropped (its memory given
+    /// back). The newest attempt's body goes on reading the client's stream: a response that
+    /// streams the request body, or a task that reads it after the answer, gets every byte.
+    pub(crate) fn stop(&self) {
         let mut rec = lock(&self.shared);
-        rec.generation = u32::MAX;
+        rec.stopped = true;
+        rec.recording = false;
+        rec.record_until = None;
+        rec.record_timer = None;
         rec.segments = Vec::new();
         rec.held.discard();
-        rec.lost.get_or_insert(NotReplayable::BodyError);
     }
 }
 
 impl<B: Body> Recorder<B> {
     fn record(&mut self, data: &Bytes) {
-        if self.lost.is_some() {
+        if !self.recording || self.lost.is_some() {
             return;
         }
         if let Err(why) = self.held.push(data) {
@@ -438,7 +492,50 @@ impl<B: Body> Recorder<B> {
         self.lost = Some(why);
         self.segments = Vec::new();
         self.held.discard();
+        self.record_until = None;
+        self.record_timer = None;
     }
+
+    /// The reader waits for the client: past the deadline, stop recording (this attempt reads
+    /// on; no other attempt will).
+    fn stop_recording_if_too_slow(&mut self, cx: &mut Context<'_>) {
+        let Some(until) = self.record_until else {
+            return;
+        };
+        if !self.recording || self.lost.is_some() {
+            self.record_until = None;
+            self.record_timer = None;
+            return;
+        }
+        let timer = self
+            .record_timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+        if timer.as_mut().poll(cx).is_ready() {
+            self.give_up(NotReplayable::BodyTooSlow);
+        }
+    }
+}
+
+/// The error an attempt's body reads once a newer attempt has the client's body: the request
+/// body was handed over, so what this reader got is not the whole body.
+#[derive(Debug)]
+struct Superseded;
+
+impl fmt::Display for Superseded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the request body went to a newer attempt of this request")
+    }
+}
+
+impl std::error::Error for Superseded {}
+
+/// A frame as read from the client, before its error is boxed.
+type FrameResult<E> = Result<Frame<Bytes>, ReadError<E>>;
+
+/// Why a read failed: the client's own error, or the body went to a newer attempt.
+enum ReadError<E> {
+    Client(E),
+    Superseded,
 }
 
 fn lock<B: Body>(m: &Mutex<Recorder<B>>) -> MutexGuard<'_, Recorder<B>> {
@@ -458,9 +555,13 @@ pin_project! {
     ///
     /// It reads as the client's body did: the same bytes, the same trailers, the same
     /// `size_hint` where the layer knows it, and the client body's own errors, boxed (they
-    /// downcast to their own type). An `axum::Error` is unwrapped first: axum's `Router` wraps
-    /// the errors of this body in an `axum::Error` again, so the handler's extractors see the
-    /// error exactly as without the layer (a `LengthLimitError` still answers `413`).
+    /// downcast to their own type). Inside an axum `Router` (the request has a `MatchedPath`),
+    /// an `axum::Error` is unwrapped first: the `Router` wraps the errors of this body in an
+    /// `axum::Error` again, so the handler's extractors see the error exactly as without the
+    /// layer (a `LengthLimitError` still answers `413`). Elsewhere (a plain `service_fn`, the
+    /// layer outside any `Router`) the error is the client body's own, `axum::Error` included.
+    /// The one mismatch left: a service mounted with `Router::route_service` under the layer
+    /// reads the body itself and sees the unwrapped error.
     ///
     /// Depending on the request, it is a copy of a body buffered before the first attempt, the
     /// client's body itself (requests that are not replayed), or the client's body recorded as
@@ -473,6 +574,8 @@ pin_project! {
     {
         #[pin]
         kind: Kind<B>,
+        // axum's `Router` boxes this body again: take one `axum::Error` off its errors.
+        unwrap_axum: bool,
     }
 }
 
@@ -492,6 +595,8 @@ pin_project! {
             body: B,
         },
         Prefixed {
+            // Counts `prefix` until it is read.
+            permit: Option<BufferPermit>,
             prefix: Option<Bytes>,
             pending: Option<Bytes>,
             error: Option<B::Error>,
@@ -509,7 +614,17 @@ pin_project! {
 
 impl<B: Body> ReplayBody<B> {
     fn from_kind(kind: Kind<B>) -> Self {
-        Self { kind }
+        Self {
+            kind,
+            unwrap_axum: false,
+        }
+    }
+
+    /// Marks the body as read through axum's routing (the request was routed by a `Router`,
+    /// which boxes the body again): its errors lose one `axum::Error`, see [`transparent`].
+    pub(crate) fn routed(mut self, routed: bool) -> Self {
+        self.unwrap_axum = routed;
+        self
     }
 
     pub(crate) fn empty() -> Self {
@@ -532,9 +647,13 @@ fn to_bytes<D: Buf>(frame: Frame<D>) -> Frame<Bytes> {
 /// errors in one more `axum::Error`, and axum's extractors look only two `axum::Error`s deep
 /// for the `LengthLimitError` that answers `413` (`FailedToBufferBody::from_err`). The layer
 /// is such a hop, so it takes one `axum::Error` off: what the handler gets is then exactly
-/// what it would have got without the layer.
-fn transparent<E: Into<BoxError>>(error: E) -> BoxError {
+/// what it would have got without the layer. Only then, though: a service that reads this
+/// body itself (not re-boxed) gets the client body's error as it is.
+fn transparent<E: Into<BoxError>>(error: E, unwrap_axum: bool) -> BoxError {
     let error = error.into();
+    if !unwrap_axum {
+        return error;
+    }
     #[cfg(feature = "axum")]
     let error = match error.downcast::<axum::Error>() {
         Ok(axum_error) => axum_error.into_inner(),
@@ -556,8 +675,15 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        self.poll_client_frame(cx)
-            .map(|frame| frame.map(|r| r.map_err(transparent)))
+        let unwrap_axum = self.unwrap_axum;
+        self.poll_client_frame(cx).map(|frame| {
+            frame.map(|r| {
+                r.map_err(|e| match e {
+                    ReadError::Client(e) => transparent(e, unwrap_axum),
+                    ReadError::Superseded => Box::new(Superseded) as BoxError,
+                })
+            })
+        })
     }
 
     fn is_end_stream(&self) -> bool {
@@ -577,7 +703,7 @@ where
     fn poll_client_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+    ) -> Poll<Option<FrameResult<B::Error>>> {
         match self.project().kind.project() {
             KindProj::Empty => Poll::Ready(None),
             KindProj::Buffered { data, trailers } => {
@@ -586,23 +712,35 @@ where
                 }
                 Poll::Ready(trailers.take().map(|t| Ok(Frame::trailers(*t))))
             }
-            KindProj::Direct { body } => body.poll_frame(cx).map(|f| f.map(|f| f.map(to_bytes))),
+            KindProj::Direct { body } => body
+                .poll_frame(cx)
+                .map(|f| f.map(|f| f.map(to_bytes).map_err(ReadError::Client))),
             KindProj::Prefixed {
+                permit,
                 prefix,
                 pending,
                 error,
                 trailers,
                 rest,
             } => {
-                if let Some(data) = prefix.take().or_else(|| pending.take()) {
+                if let Some(data) = prefix.take() {
+                    // Handed over: the attempt holds it now, as it holds any frame it reads.
+                    *permit = None;
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                if let Some(data) = pending.take() {
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
                 if let Some(e) = error.take() {
-                    return Poll::Ready(Some(Err(e)));
+                    return Poll::Ready(Some(Err(ReadError::Client(e))));
                 }
                 if let Some(body) = rest.as_mut() {
                     match ready!(body.as_mut().poll_frame(cx)) {
-                        Some(frame) => return Poll::Ready(Some(frame.map(to_bytes))),
+                        Some(frame) => {
+                            return Poll::Ready(Some(
+                                frame.map(to_bytes).map_err(ReadError::Client),
+                            ));
+                        }
                         None => *rest = None,
                     }
                 }
@@ -619,41 +757,44 @@ where
                 }
                 let mut rec = lock(shared);
                 if rec.generation != *generation {
-                    // A newer attempt has the body now.
+                    // A newer attempt has the body now: what this one read is not the whole.
+                    return Poll::Ready(Some(Err(ReadError::Superseded)));
+                }
+                if let Some(source) = rec.source.as_mut() {
+                    match source.as_mut().poll_frame(cx) {
+                        Poll::Pending => {
+                            rec.parked = Some(cx.waker().clone());
+                            rec.stop_recording_if_too_slow(cx);
+                            return Poll::Pending;
+                        }
+                        Poll::Ready(None) => rec.source = None,
+                        Poll::Ready(Some(Err(e))) => {
+                            rec.source = None;
+                            rec.give_up(NotReplayable::BodyError);
+                            return Poll::Ready(Some(Err(ReadError::Client(e))));
+                        }
+                        Poll::Ready(Some(Ok(frame))) => {
+                            let frame = to_bytes(frame);
+                            if let Some(data) = frame.data_ref() {
+                                rec.record(data);
+                            } else if let Some(t) = frame.trailers_ref() {
+                                match &mut rec.trailers {
+                                    Some(all) => all.extend(t.clone()),
+                                    None => rec.trailers = Some(t.clone()),
+                                }
+                                *trailers_sent = true;
+                            }
+                            return Poll::Ready(Some(Ok(frame)));
+                        }
+                    }
+                }
+                // The client's stream has ended: its trailers, unless this attempt read them
+                // from the stream itself (an earlier attempt may have read them and not the end).
+                if *trailers_sent {
                     return Poll::Ready(None);
                 }
-                let Some(source) = rec.source.as_mut() else {
-                    if *trailers_sent {
-                        return Poll::Ready(None);
-                    }
-                    *trailers_sent = true;
-                    return Poll::Ready(rec.trailers.clone().map(|t| Ok(Frame::trailers(t))));
-                };
-                match ready!(source.as_mut().poll_frame(cx)) {
-                    None => {
-                        rec.source = None;
-                        *trailers_sent = true;
-                        Poll::Ready(None)
-                    }
-                    Some(Err(e)) => {
-                        rec.source = None;
-                        rec.give_up(NotReplayable::BodyError);
-                        Poll::Ready(Some(Err(e)))
-                    }
-                    Some(Ok(frame)) => {
-                        let frame = to_bytes(frame);
-                        if let Some(data) = frame.data_ref() {
-                            rec.record(data);
-                        } else if let Some(t) = frame.trailers_ref() {
-                            match &mut rec.trailers {
-                                Some(all) => all.extend(t.clone()),
-                                None => rec.trailers = Some(t.clone()),
-                            }
-                            *trailers_sent = true;
-                        }
-                        Poll::Ready(Some(Ok(frame)))
-                    }
-                }
+                *trailers_sent = true;
+                Poll::Ready(rec.trailers.clone().map(|t| Ok(Frame::trailers(t))))
             }
         }
     }
@@ -669,6 +810,7 @@ where
                 error,
                 trailers,
                 rest,
+                ..
             } => {
                 prefix.is_none()
                     && pending.is_none()
@@ -695,14 +837,10 @@ where
             } => {
                 let known =
                     prefix.as_ref().map_or(0, Bytes::len) + pending.as_ref().map_or(0, Bytes::len);
-                let mut hint = rest
+                let hint = rest
                     .as_ref()
                     .map_or(SizeHint::with_exact(0), |r| r.size_hint());
-                hint.set_lower(hint.lower().saturating_add(known as u64));
-                if let Some(upper) = hint.upper() {
-                    hint.set_upper(upper.saturating_add(known as u64));
-                }
-                hint
+                plus(hint, known as u64)
             }
             Kind::Recording {
                 replay,
@@ -712,18 +850,25 @@ where
             } => {
                 let replayed: usize = replay.iter().map(Bytes::len).sum();
                 let rec = lock(shared);
-                let mut hint = match rec.source.as_ref() {
+                let hint = match rec.source.as_ref() {
                     Some(s) if rec.generation == *generation => s.size_hint(),
                     _ => SizeHint::with_exact(0),
                 };
-                hint.set_lower(hint.lower().saturating_add(replayed as u64));
-                if let Some(upper) = hint.upper() {
-                    hint.set_upper(upper.saturating_add(replayed as u64));
-                }
-                hint
+                plus(hint, replayed as u64)
             }
         }
     }
+}
+
+/// `hint` moved up by `n` bytes already known (the upper bound first: `set_lower` asserts that
+/// the lower bound stays below it).
+fn plus(hint: SizeHint, n: u64) -> SizeHint {
+    let mut out = SizeHint::new();
+    if let Some(upper) = hint.upper() {
+        out.set_upper(upper.saturating_add(n));
+    }
+    out.set_lower(hint.lower().saturating_add(n));
+    out
 }
 
 impl<B: Body> fmt::Debug for ReplayBody<B> {

@@ -162,8 +162,8 @@ impl<R, E> Default for Replays<R, E> {
 
 /// Where attempts get their body from.
 enum Source<B: Body> {
-    /// Being read whole (state `Buffering`).
-    Collecting(Collector<B>),
+    /// Being read whole (state `Buffering`), until the upload's deadline.
+    Collecting(Collector<B>, Option<Instant>),
     /// Read whole: every attempt gets the same bytes.
     Buffered(Buffered),
     /// Recorded as the first attempt reads it (`Expect: 100-continue`).
@@ -283,21 +283,22 @@ where
         } else if expect_continue {
             // The client waits for the go-ahead: let the first attempt read (and so ask for)
             // the body, and record it as it goes.
+            // Recorded within the deadline, from the request's start (as a buffered body is).
             Source::Recording(Recording::new(
                 body,
                 shared.counters.clone(),
                 caps,
                 declared,
+                Instant::now().checked_add(policy.deadline),
             ))
         } else {
-            Source::Collecting(Collector::new(
-                body,
-                shared.counters.clone(),
-                caps,
-                declared,
-            ))
+            Source::Collecting(
+                Collector::new(body, shared.counters.clone(), caps, declared),
+                // The upload's own deadline, from the request's start.
+                Instant::now().checked_add(policy.deadline),
+            )
         };
-        let state = if matches!(body, Source::Collecting(_)) {
+        let state = if matches!(body, Source::Collecting(..)) {
             State::Buffering
         } else {
             request.start(Instant::now().checked_add(policy.deadline));
@@ -422,10 +423,31 @@ where
     /// `Buffering`: reads the body whole; the deadline runs from its end (the upload's pace
     /// was the client's).
     fn buffer(&mut self, cx: &mut Context<'_>) -> Poll<Next<S::Future, Answer<S, B>>> {
-        let Source::Collecting(collector) = &mut self.body else {
+        let Source::Collecting(collector, until) = &mut self.body else {
             unreachable!("Buffering state holds a collector");
         };
-        self.body = match ready!(collector.poll_collect(cx)) {
+        // NOTE: the upload has `deadline` to arrive (its own timer, from the request's start):
+        // a stalled or trickling client must not hold its bytes against `max_buffered_bytes`,
+        // and so switch retries off for everyone, for longer. Past it the request is passed
+        // through to one attempt.
+        let collected = match collector.poll_collect(cx) {
+            Poll::Ready(collected) => collected,
+            Poll::Pending => {
+                let Some(until) = *until else {
+                    return Poll::Pending;
+                };
+                let timer = self
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+                if timer.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                collector.give_up(NotReplayable::BodyTooSlow)
+            }
+        };
+        // The attempts' deadline gets a timer of its own.
+        self.timer = None;
+        self.body = match collected {
             Collected::Replayable(buffered) => Source::Buffered(buffered),
             Collected::PassThrough(body, why) => {
                 tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
@@ -572,6 +594,19 @@ where
         if let Err(stop) = self.checkpoint() {
             return self.stop(stop, pending);
         }
+        let n = self.attempt + 1;
+        let last = n >= self.shared.policy.max_attempts;
+        let (body, last) = match &mut self.body {
+            Source::Buffered(buffered) => (buffered.body(), last),
+            // A recording lost since the checkpoint (a task of an earlier attempt read past a
+            // cap on another thread) never yields a body: no replay on what is left of it.
+            Source::Recording(recording) => match recording.body(last) {
+                Some(body) => (body, last),
+                None => return self.stop(Outcome::NotReplayable, pending),
+            },
+            Source::Once(body, _) => (body.take().expect("one attempt only"), true),
+            Source::Collecting(..) => unreachable!("body read before the first call"),
+        };
         if self.attempt > 0
             && let Some(budget) = &self.shared.policy.budget
             && !budget.withdraw()
@@ -581,7 +616,9 @@ where
         if let Some(waited) = pending.waited {
             recorder::queue_wait(self.route.path(), &self.route.method, waited);
         }
-        let req = self.next_attempt();
+        // Routed by axum (a route template): the inner `Route` boxes the body again.
+        let body = body.routed(self.route.path().is_some());
+        let req = self.next_attempt(body, last);
         let future = with_current(&self.request, || self.service.call(req));
         Next::To(State::Called {
             future,
@@ -723,8 +760,9 @@ where
         Next::Answer(self.finish(result, outcome, attempts))
     }
 
-    /// The request for the next attempt (counting it).
-    fn next_attempt(&mut self) -> Request<ReplayBody<B>> {
+    /// The request for the next attempt (counting it), with its body; `last`: no attempt
+    /// can follow it (it gets the original head).
+    fn next_attempt(&mut self, body: ReplayBody<B>, last: bool) -> Request<ReplayBody<B>> {
         self.attempt += 1;
         let n = self.attempt;
         let max_attempts = self.shared.policy.max_attempts;
@@ -740,12 +778,6 @@ where
         if let Some(r) = self.replays.as_mut() {
             r.last = None;
         }
-        let (body, last) = match &mut self.body {
-            Source::Buffered(buffered) => (buffered.body(), n >= max_attempts),
-            Source::Recording(recording) => (recording.body(), n >= max_attempts),
-            Source::Once(body, _) => (body.take().expect("one attempt only"), true),
-            Source::Collecting(_) => unreachable!("body read before the first call"),
-        };
         let mut req = if last {
             let head = self.head.take().expect("head kept until the last attempt");
             Request::from_parts(head, body)
@@ -880,7 +912,7 @@ where
         match &self.body {
             Source::Once(_, why) => *why,
             Source::Recording(r) => r.not_replayable(),
-            Source::Buffered(_) | Source::Collecting(_) => None,
+            Source::Buffered(_) | Source::Collecting(..) => None,
         }
     }
 
@@ -929,7 +961,7 @@ where
         };
         record_end(&self.span, &self.shared, &self.route, &self.request, end);
         if let Source::Recording(r) = &self.body {
-            r.clear();
+            r.stop();
         }
     }
 

@@ -253,9 +253,152 @@ async fn expect_continue_body_left_unread_by_attempt_one_goes_to_attempt_two() {
     let res = client.response().await;
     assert_eq!(res.status, 200, "{res:?}");
     let seen = seen.0.lock().unwrap().clone();
-    assert_eq!(seen.len(), 2);
-    assert!(seen[0].is_empty());
-    assert_eq!(seen[1], payload);
+    // Attempt 1 pushed its marker (it read nothing); attempt 2 read the whole upload. What
+    // can fail here is attempt 2's body, and that the upload was asked for only once.
+    assert_eq!(seen, [Vec::new(), payload]);
+    assert_eq!(
+        client.buf.len(),
+        0,
+        "nothing after the answer (no second `100 Continue`)"
+    );
+}
+
+// --- 2b. The last attempt keeps reading from the client after the request ends ------------
+
+/// Reads the first frame (which asks the client for the upload), then answers at once with a
+/// body that streams the rest of the request body back: an echo (a transform, a proxy).
+async fn echo(req: AxumRequest) -> Response {
+    use http_body_util::BodyExt;
+    let len = req.headers()[header::CONTENT_LENGTH].clone();
+    let mut body = req.into_body();
+    let first = body
+        .frame()
+        .await
+        .expect("a first frame")
+        .expect("no error");
+    let first = first.into_data().expect("data");
+    let rest = body.into_data_stream();
+    let stream = futures::StreamExt::chain(
+        futures::stream::once(async move { Ok::<_, axum::Error>(first) }),
+        rest,
+    );
+    ([(header::CONTENT_LENGTH, len)], Body::from_stream(stream)).into_response()
+}
+
+#[tokio::test]
+async fn expect_continue_echo_streams_the_whole_upload_back() {
+    for with_layer in [false, true] {
+        let router = Router::new().route("/echo", post(echo));
+        let app = if with_layer {
+            router.layer(SqliteRetryLayer::new(quick(3)))
+        } else {
+            router
+        };
+        let server = serve(app).await;
+        let payload = pattern(20_000);
+        let mut client = Raw::connect(server.addr).await;
+        client
+            .send(
+                format!(
+                    "POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\nexpect: 100-continue\r\n\r\n",
+                    payload.len()
+                )
+                .as_bytes(),
+            )
+            .await;
+        assert_eq!(client.response().await.status, 100);
+        // The first half, then the rest once the answer's head is out: the handler's future
+        // has resolved (the request is over for the layer) while the body still streams.
+        client.send(&payload[..1000]).await;
+        let head_seen = tokio::time::timeout(GUARD, async {
+            while !client.buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                client.fill().await;
+            }
+        })
+        .await;
+        assert!(
+            head_seen.is_ok(),
+            "the answer's head (with layer: {with_layer})"
+        );
+        client.send(&payload[1000..]).await;
+        let res = client.response().await;
+        assert_eq!(res.status, 200, "with layer: {with_layer}");
+        assert!(
+            res.body == payload,
+            "with layer: {with_layer}: echoed {} of {} bytes",
+            res.body.len(),
+            payload.len()
+        );
+    }
+}
+
+/// Reads frames up to the trailers (not the end of stream) and answers with what it got; on a
+/// first attempt under the layer it fails retryably after that read.
+async fn trailers_upload(req: AxumRequest) -> Response {
+    use http_body_util::BodyExt;
+    let replayable_first = req
+        .extensions()
+        .get::<Attempt>()
+        .is_some_and(|a| a.number() == 1);
+    let mut body = req.into_body();
+    let mut len = 0;
+    let mut sum = String::from("none");
+    while let Some(frame) = body.frame().await {
+        let frame = frame.expect("no error");
+        match frame.into_data() {
+            Ok(data) => len += data.len(),
+            Err(frame) => {
+                let trailers = frame.into_trailers().expect("trailers");
+                sum = trailers
+                    .get("x-sum")
+                    .map_or("missing".into(), |v| v.to_str().unwrap().to_owned());
+                break;
+            }
+        }
+    }
+    if replayable_first {
+        return busy();
+    }
+    (StatusCode::OK, format!("{len} {sum}")).into_response()
+}
+
+#[tokio::test]
+async fn trailers_reach_the_replay_over_http() {
+    for (with_layer, expect) in [(false, true), (true, true), (true, false)] {
+        let router = Router::new().route("/t", post(trailers_upload));
+        let app = if with_layer {
+            router.layer(SqliteRetryLayer::new(quick(3)))
+        } else {
+            router
+        };
+        let server = serve(app).await;
+        let mut client = Raw::connect(server.addr).await;
+        let expect_header = if expect {
+            "expect: 100-continue\r\n"
+        } else {
+            ""
+        };
+        client
+            .send(
+                format!(
+                    "POST /t HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\ntrailer: x-sum\r\n{expect_header}\r\n"
+                )
+                .as_bytes(),
+            )
+            .await;
+        if expect {
+            assert_eq!(client.response().await.status, 100);
+        }
+        client
+            .send(b"5\r\nhello\r\n6\r\n world\r\n0\r\nx-sum: 42\r\n\r\n")
+            .await;
+        let res = client.response().await;
+        assert_eq!(
+            (res.status, String::from_utf8_lossy(&res.body).into_owned()),
+            (200, "11 42".to_owned()),
+            "with layer: {with_layer}, expect: {expect}"
+        );
+    }
 }
 
 // --- Body errors keep their types; size hints are kept -------------------------------------

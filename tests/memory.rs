@@ -3,7 +3,9 @@
 //!
 //! The in-flight cap (`max_buffered_bytes`) counts the memory the layer holds, not the
 //! payload: a body sent as 65,536 one-byte frames must cost about 64 KiB, not a `Bytes`
-//! handle (and the frame behind it) per byte.
+//! handle per byte; and a small body must not keep alive the (much larger) read buffer its
+//! frame was cut from. Frames here are what hyper hands over: slices of one shared read
+//! buffer, not an allocation each (which would hide both costs).
 
 use std::alloc::System;
 use std::convert::Infallible;
@@ -22,14 +24,28 @@ use tower_sqlite_retry::{ReplayBody, RetryPolicy, SqliteRetryLayer};
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 const PAYLOAD: usize = 64 * 1024;
+const READ_BUFFER: usize = 8 * 1024;
+
+/// The heap held now that was not held when `region` began.
+fn held(region: &Region<'_, System>) -> i64 {
+    let change = region.change();
+    change.bytes_allocated as i64 - change.bytes_deallocated as i64
+        + change.bytes_reallocated as i64
+}
 
 #[test]
-fn one_byte_frames_cost_their_payload_not_a_handle_each() {
+fn buffered_bodies_cost_what_is_counted() {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(async {
+    // One test: nothing else allocates while a region is measured.
+    rt.block_on(one_byte_frames_cost_their_payload_not_a_handle_each());
+    rt.block_on(a_small_body_does_not_pin_its_read_buffer());
+}
+
+async fn one_byte_frames_cost_their_payload_not_a_handle_each() {
+    {
         let layer = SqliteRetryLayer::new(RetryPolicy::default());
         let metrics = layer.metrics();
         let svc = ServiceBuilder::new().layer(layer).service_fn(
@@ -43,11 +59,15 @@ fn one_byte_frames_cost_their_payload_not_a_handle_each() {
             rx.map(|b| Ok::<_, Infallible>(Frame::data(b))),
         ));
 
-        let region = Region::new(GLOBAL);
         let request = tokio::spawn(svc.oneshot(Request::post("/").body(body).unwrap()));
+        // Read buffers of 8 KiB (hyper's first size), each cut into one-byte frames.
+        let read_buffers: Vec<Bytes> = (0..PAYLOAD / READ_BUFFER)
+            .map(|k| Bytes::from(vec![k as u8; READ_BUFFER]))
+            .collect();
+        let region = Region::new(GLOBAL);
         for i in 0..PAYLOAD {
-            // Each frame is its own one-byte allocation, as a trickling client's would be.
-            tx.send(Bytes::from(vec![i as u8])).await.unwrap();
+            let frame = read_buffers[i / READ_BUFFER].slice(i % READ_BUFFER..i % READ_BUFFER + 1);
+            tx.send(frame).await.unwrap();
             tokio::task::yield_now().await;
         }
         while metrics.snapshot().buffered_bytes < PAYLOAD {
@@ -55,8 +75,7 @@ fn one_byte_frames_cost_their_payload_not_a_handle_each() {
         }
         // Everything sent is buffered, the stream is still open: what is held now?
         let change = region.change();
-        let held = change.bytes_allocated as i64 - change.bytes_deallocated as i64
-            + change.bytes_reallocated as i64;
+        let held = held(&region);
         let counted = metrics.snapshot().buffered_bytes;
         eprintln!(
             "payload {PAYLOAD} B in {PAYLOAD} frames: heap held {held} B ({:.2} B per payload byte), \
@@ -65,7 +84,10 @@ fn one_byte_frames_cost_their_payload_not_a_handle_each() {
             change.allocations,
             change.deallocations,
         );
-        assert!((PAYLOAD..=2 * PAYLOAD).contains(&counted), "counted {counted}");
+        assert!(
+            (PAYLOAD..=2 * PAYLOAD).contains(&counted),
+            "counted {counted}"
+        );
         // The buffer (at most twice the payload while it grows), plus the request's own
         // state; a handle per frame would be 32 B × 65,536 = 2 MiB on its own.
         assert!(
@@ -82,5 +104,51 @@ fn one_byte_frames_cost_their_payload_not_a_handle_each() {
         let text = res.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(text, PAYLOAD.to_string());
         assert_eq!(metrics.snapshot().buffered_bytes, 0);
-    });
+    }
+}
+
+async fn a_small_body_does_not_pin_its_read_buffer() {
+    const SMALL: usize = 100;
+    const BIG: usize = 1024 * 1024;
+    let layer = SqliteRetryLayer::new(RetryPolicy::default());
+    let metrics = layer.metrics();
+    let (entered_tx, entered) = tokio::sync::oneshot::channel::<()>();
+    let (go_tx, go) = tokio::sync::oneshot::channel::<()>();
+    let slot = std::sync::Arc::new(std::sync::Mutex::new(Some((entered_tx, go))));
+    let svc =
+        ServiceBuilder::new()
+            .layer(layer)
+            .service_fn(move |req: Request<ReplayBody<Body>>| {
+                let (entered_tx, go) = slot.lock().unwrap().take().unwrap();
+                async move {
+                    // The body is buffered (the layer holds it); wait while the test measures.
+                    entered_tx.send(()).unwrap();
+                    go.await.unwrap();
+                    let body = req.into_body().collect().await.unwrap().to_bytes();
+                    Ok::<_, Infallible>(Response::new(Body::from(body.len().to_string())))
+                }
+            });
+    let region = Region::new(GLOBAL);
+    // A read buffer of 1 MiB, of which the request's one frame is the first 100 bytes.
+    let frame = Bytes::from(vec![7u8; BIG]).slice(..SMALL);
+    let body = Body::new(StreamBody::new(futures::stream::iter([
+        Ok::<_, Infallible>(Frame::data(frame)),
+    ])));
+    let request = tokio::spawn(svc.oneshot(Request::post("/").body(body).unwrap()));
+    entered.await.unwrap();
+    let held = held(&region);
+    let counted = metrics.snapshot().buffered_bytes;
+    eprintln!(
+        "a {SMALL} B body cut from a {BIG} B read buffer: heap held {held} B, counted {counted} B"
+    );
+    assert!(counted >= SMALL, "counted {counted}");
+    assert!(
+        held <= counted as i64 + 64 * 1024,
+        "the cap counts what is held: held {held} B, counted {counted} B"
+    );
+    go_tx.send(()).unwrap();
+    let res = request.await.unwrap().unwrap();
+    let text = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(text, SMALL.to_string());
+    assert_eq!(metrics.snapshot().buffered_bytes, 0);
 }
