@@ -466,7 +466,12 @@ where
                     this.state.set(State::Called { future });
                 }
                 StateProj::Called { future } => {
-                    let result = ready!(future.poll(cx));
+                    // The request is the current one while its handler runs (the write path
+                    // fences it and reads its deadline from there).
+                    let result = {
+                        let _current = crate::current::enter(this.request.as_ref(), *this.deadline);
+                        ready!(future.poll(cx))
+                    };
                     *this.gate_permit = None;
                     if let Some((outcome, attempts)) = this.inner_answered(&result) {
                         // NOTE: an inner layer retried (or chose not to): its answer is this
