@@ -112,7 +112,6 @@ mod attempt;
 pub mod body;
 mod classify;
 // STAND-IN until `attempt.rs` provides `current_request` (see the module).
-#[cfg_attr(not(feature = "sqlite-write"), allow(dead_code))]
 mod current;
 mod decide;
 mod error;
@@ -127,8 +126,6 @@ pub mod recorder;
 mod recorder;
 mod route;
 mod service;
-#[cfg(feature = "sqlite-write")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlite-write")))]
 pub mod write;
 
 pub use admission::Admission;
@@ -153,6 +150,7 @@ pub use layer::SqliteRetryLayer;
 pub use metrics::{HISTOGRAM_BUCKETS, MetricsSnapshot, RetryMetrics};
 pub use policy::{InvalidPolicy, Jitter, RetryPolicy};
 pub use service::SqliteRetry;
+pub use write::{TurnError, WriteQueue, WriteTurn};
 #[cfg(feature = "sqlite-write")]
 pub use write::{WritePool, WriteTransaction};
 

@@ -500,3 +500,63 @@ async fn a_writer_in_another_process_is_waited_out() {
         .unwrap();
     assert_eq!(names, ["other process", "this process"]);
 }
+
+/// The turn on its own (`WriteQueue`), for drivers without a pool type here (sqlx 0.8,
+/// rusqlite): it is the same queue as `WritePool`'s, and `committed()` fences the request.
+#[tokio::test]
+async fn write_queue_shares_the_turn_and_its_commit_fences() {
+    use tower_sqlite_retry::{TurnError, WriteQueue};
+    #[derive(Clone)]
+    struct S {
+        pool: SqlitePool,
+        queue: WriteQueue,
+        calls: Arc<AtomicU32>,
+    }
+    async fn commit_then_fail(State(s): State<S>) -> Result<&'static str, DbError> {
+        s.calls.fetch_add(1, Ordering::SeqCst);
+        let turn = s
+            .queue
+            .turn(Duration::from_secs(30))
+            .await
+            .map_err(DbError::internal)?;
+        let mut tx = s.pool.begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query("INSERT INTO items (seq, name) VALUES (1, 'queued')")
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        turn.committed();
+        Err(sqlx::Error::PoolTimedOut.into())
+    }
+    let db = TestDb::new();
+    let pool = pool(&db, 2, Duration::from_secs(5)).await;
+    let queue = WriteQueue::for_file(&db.path);
+    let writes = WritePool::new(pool.clone());
+    assert_eq!(queue.path(), writes.path());
+
+    // One queue: while the write path holds the turn, the queue has none to give.
+    let held = writes.begin().await.unwrap();
+    assert_eq!(
+        queue.turn(Duration::ZERO).await.unwrap_err(),
+        TurnError::TimedOut
+    );
+    held.rollback().await.unwrap();
+
+    let state = S {
+        pool,
+        queue,
+        calls: Arc::default(),
+    };
+    let app = Router::new()
+        .route("/", post(commit_then_fail))
+        .layer(replaying())
+        .with_state(state.clone());
+    let server = serve(app).await;
+    let reply = HttpClient::new(server.addr).post("/", "").await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        state.calls.load(Ordering::SeqCst),
+        1,
+        "replayed after commit"
+    );
+    assert_eq!(count(&state.pool).await, 1);
+}
