@@ -29,7 +29,8 @@
 //! this process, each sending its next request when the previous answer is read; `--warmup`
 //! seconds, then a window of `--duration` seconds. Loads: `writes` (only `PUT`s) at each of
 //! `--connections`, and `mixed` (`--write-ratio` 0.3 writes, the rest reads) at each of
-//! `--mixed-connections`. Every cell is checked afterwards: every `2xx` write has exactly one
+//! `--mixed-connections`, and `split` (`--split` 64+16: 64 connections that only write and 16 that
+//! only read, the trial where `BEGIN IMMEDIATE` starved its readers). Every cell is checked afterwards: every `2xx` write has exactly one
 //! object and one change-log row, nothing else is there.
 //!
 //! **Rounds**: every round runs every cell once, the configurations' order rotated per round.
@@ -95,6 +96,8 @@ impl Config {
 enum Load {
     Writes,
     Mixed,
+    /// Writer connections and reader connections apart (`--split`).
+    Split,
 }
 
 #[derive(Debug, Parser)]
@@ -121,6 +124,10 @@ struct Args {
     /// Connection counts of the `mixed` load (empty: none).
     #[arg(long, value_delimiter = ',', default_value = "64,256")]
     mixed_connections: Vec<usize>,
+    /// The `split` load: this many writer connections + this many reader connections
+    /// (e.g. `64+16`, the shape of the trial where `BEGIN IMMEDIATE` starved its readers).
+    #[arg(long, value_delimiter = ',', default_value = "64+16")]
+    split: Vec<String>,
     /// The share of writes in the `mixed` load.
     #[arg(long, default_value_t = 0.3)]
     write_ratio: f64,
@@ -635,7 +642,7 @@ async fn run_cell(
     round: usize,
     config: Config,
     load: Load,
-    connections: usize,
+    (connections, writers): (usize, usize),
     window: &Window,
 ) -> Result<Cell, BoxError> {
     let dir = tempfile::tempdir()?;
@@ -643,14 +650,17 @@ async fn run_cell(
     seed(&db, args.seed).await?;
     let server = Server::start(args, config, &db, dir.path())?;
     let addr: Arc<str> = server.addr.clone().into();
-    let write_ratio = match load {
+    // Each connection's share of writes.
+    let ratio = |c: usize| match load {
         Load::Writes => 1.0,
         Load::Mixed => args.write_ratio,
+        Load::Split if c < writers => 1.0,
+        Load::Split => 0.0,
     };
     let start = Instant::now() + window.warmup;
     let end = start + window.duration;
     let tasks: Vec<_> = (0..connections)
-        .map(|c| tokio::spawn(drive(c, addr.clone(), write_ratio, args.seed, start, end)))
+        .map(|c| tokio::spawn(drive(c, addr.clone(), ratio(c), args.seed, start, end)))
         .collect();
     let mut reports = Vec::new();
     for t in tasks {
@@ -808,6 +818,7 @@ fn main() -> ExitCode {
         // `cargo test --benches`: check the harness only.
         args.connections = vec![4];
         args.mixed_connections = vec![4];
+        args.split = vec!["2+2".to_owned()];
         args.rounds = 1;
         args.seed = 10;
         Window {
@@ -834,27 +845,50 @@ fn main() -> ExitCode {
         .chain(&args.mixed_connections)
         .copied()
         .max()
-        .unwrap_or(1);
+        .unwrap_or(1)
+        .max(1024);
     raise_open_files(most as u64 * 2 + 256);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.client_threads.max(1))
         .enable_all()
         .build()
         .expect("runtime");
-    let mut plan: Vec<(Load, usize)> = args
+    let mut plan: Vec<(Load, usize, usize)> = args
         .connections
         .iter()
-        .map(|&c| (Load::Writes, c))
+        .map(|&c| (Load::Writes, c, c))
         .collect();
-    plan.extend(args.mixed_connections.iter().map(|&c| (Load::Mixed, c)));
+    plan.extend(args.mixed_connections.iter().map(|&c| (Load::Mixed, c, 0)));
+    for split in &args.split {
+        let parsed = split.split_once('+').and_then(|(w, r)| {
+            Some((
+                w.trim().parse::<usize>().ok()?,
+                r.trim().parse::<usize>().ok()?,
+            ))
+        });
+        match parsed {
+            Some((w, r)) => plan.push((Load::Split, w + r, w)),
+            None => {
+                eprintln!("--split {split}: expected WRITERS+READERS, e.g. 64+16");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let mut cells = Vec::new();
     let mut integrity_ok = true;
     for round in 0..args.rounds {
-        for &(load, conns) in &plan {
+        for &(load, conns, writers) in &plan {
             let n = args.configs.len();
             for i in 0..n {
                 let config = args.configs[(i + round) % n];
-                let cell = match rt.block_on(run_cell(&args, round, config, load, conns, &window)) {
+                let cell = match rt.block_on(run_cell(
+                    &args,
+                    round,
+                    config,
+                    load,
+                    (conns, writers),
+                    &window,
+                )) {
                     Ok(cell) => cell,
                     Err(e) => {
                         eprintln!("{} {load:?} {conns}: {e}", config.key());

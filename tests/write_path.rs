@@ -560,3 +560,32 @@ async fn write_queue_shares_the_turn_and_its_commit_fences() {
     );
     assert_eq!(count(&state.pool).await, 1);
 }
+
+/// A handler that panics while it holds a write transaction: unwinding drops the transaction,
+/// which rolls back and gives the turn back.
+#[tokio::test]
+async fn a_handler_that_panics_gives_the_turn_back() {
+    async fn panics(State(db): State<WritePool>) -> Result<&'static str, DbError> {
+        let mut tx = db.begin().await?;
+        sqlx::query("INSERT INTO items (seq, name) VALUES (1, 'panicked')")
+            .execute(&mut *tx)
+            .await?;
+        panic!("handler bug");
+    }
+    let db = TestDb::new();
+    let writes =
+        WritePool::new(pool_with(&db, 2, Duration::from_secs(5), Duration::from_millis(500)).await);
+    let app = Router::new()
+        .route("/", post(panics))
+        .layer(replaying())
+        .layer(tower_http::catch_panic::CatchPanicLayer::new())
+        .with_state(writes.clone());
+    let server = serve(app).await;
+    let reply = HttpClient::new(server.addr).post("/", "").await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(count(writes.pool()).await, 0, "rolled back");
+    let seq = append(&writes, "after the panic")
+        .await
+        .expect("the turn came back");
+    assert_eq!(seq, 1);
+}
