@@ -138,6 +138,7 @@ pub mod recorder;
 mod recorder;
 mod route;
 mod service;
+pub mod write;
 
 pub use admission::{Admission, AdmissionLimit};
 pub use attempt::{Attempt, Outcome, RetryOutcome};
@@ -162,6 +163,9 @@ pub use layer::SqliteRetryLayer;
 pub use metrics::{HISTOGRAM_BUCKETS, MetricsSnapshot, RetryMetrics};
 pub use policy::{InvalidPolicy, Jitter, RetryPolicy};
 pub use service::SqliteRetry;
+pub use write::{TurnError, WriteQueue, WriteTurn};
+#[cfg(feature = "sqlite-write")]
+pub use write::{WritePool, WriteTransaction};
 
 // The README's Rust blocks run as doctests (they are handlers on sqlx 0.9: with the `sqlx`
 // feature); the README itself is for people (and a forge).

@@ -1,0 +1,948 @@
+//! The write path against `BEGIN IMMEDIATE`, on a handler of the real shape, measured from a
+//! real client over loopback HTTP/1.1.
+//!
+//! ```text
+//! cargo bench --features sqlite-write --bench writepath                          # all (≈ 9 min)
+//! cargo bench --features sqlite-write --bench writepath -- --quick               # smoke (≈ 40 s)
+//! cargo bench --features sqlite-write --bench writepath -- --rounds 5 --out benches/results/writepath
+//! ```
+//!
+//! **The handler** is shaped like a CalDAV `PUT`: about `--prep-us` (300) µs of CPU first
+//! (hashing the body, as parsing and authentication would), then one read-then-write
+//! transaction of four statements (read the collection's sync token, upsert the object, bump
+//! the token, log the change), then a read after commit (the collection's object count).
+//! Reads (`GET`) fetch one object by name.
+//!
+//! **Configurations** (`--configs`), each server in its own process (this binary re-executed
+//! with a hidden `--serve`), on a fresh SQLite file (WAL, `synchronous = NORMAL`,
+//! `busy_timeout` 5 s), pool of `--pool-size` (8):
+//!
+//! | config | what |
+//! |---|---|
+//! | `deferred` | no layer, `pool.begin()` (deferred) |
+//! | `immediate` | no layer, `begin_with("BEGIN IMMEDIATE")`: **the reference** |
+//! | `two-pool` | no layer, `BEGIN IMMEDIATE` on a writer pool of 1, reads on the pool |
+//! | `layer` | `SqliteRetryLayer` (default policy), the handler unchanged (deferred) |
+//! | `layer-write` | `SqliteRetryLayer` (default policy) and the write path (`WritePool`) |
+//!
+//! **Client**: a closed loop (like `wrk`) of `--connections` keep-alive HTTP/1.1 connections in
+//! this process, each sending its next request when the previous answer is read; `--warmup`
+//! seconds, then a window of `--duration` seconds. Loads: `writes` (only `PUT`s) at each of
+//! `--connections`, and `mixed` (`--write-ratio` 0.3 writes, the rest reads) at each of
+//! `--mixed-connections`, and `split` (`--split` 64+16: 64 connections that only write and 16 that
+//! only read, the trial where `BEGIN IMMEDIATE` starved its readers). Every cell is checked afterwards: every `2xx` write has exactly one
+//! object and one change-log row, nothing else is there.
+//!
+//! **Rounds**: every round runs every cell once, the configurations' order rotated per round.
+//! The table gives medians over rounds and the median of per-round ratios to `immediate`.
+//!
+//! Run by `cargo test --benches` (no `--bench` flag) it does a tiny smoke run and writes
+//! nothing.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::io::{BufRead, BufReader, Read as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path as UrlPath, State};
+use axum::http::StatusCode;
+use axum::routing::put;
+use axum::{Json, Router};
+use bytes::Bytes;
+use clap::{Parser, ValueEnum};
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper::{Method, Request};
+use hyper_util::rt::TokioIo;
+use serde::{Deserialize, Serialize};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
+use tokio::net::TcpStream;
+use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer, WritePool, WriteTransaction};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+const COLLECTIONS: u32 = 16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum Config {
+    Deferred,
+    Immediate,
+    TwoPool,
+    Layer,
+    LayerWrite,
+}
+
+impl Config {
+    fn key(self) -> &'static str {
+        match self {
+            Config::Deferred => "deferred",
+            Config::Immediate => "immediate",
+            Config::TwoPool => "two-pool",
+            Config::Layer => "layer",
+            Config::LayerWrite => "layer-write",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Load {
+    Writes,
+    Mixed,
+    /// Writer connections and reader connections apart (`--split`).
+    Split,
+}
+
+#[derive(Debug, Parser)]
+#[command(name = "writepath")]
+struct Args {
+    /// Set by `cargo bench`; without it (`cargo test --benches`) a tiny smoke run.
+    #[arg(long, hide = true)]
+    bench: bool,
+    /// Internal: serve this configuration.
+    #[arg(long, hide = true)]
+    serve: Option<Config>,
+    /// Internal, with --serve: the SQLite file.
+    #[arg(long, hide = true)]
+    db: Option<PathBuf>,
+    /// A smoke run: one round, 64 connections, 1 s cells.
+    #[arg(long)]
+    quick: bool,
+    /// The configurations [default: all].
+    #[arg(long, value_enum, value_delimiter = ',')]
+    configs: Vec<Config>,
+    /// Connection counts of the `writes` load.
+    #[arg(long, value_delimiter = ',', default_value = "64,256,1024")]
+    connections: Vec<usize>,
+    /// Connection counts of the `mixed` load (empty: none).
+    #[arg(long, value_delimiter = ',', default_value = "64,256")]
+    mixed_connections: Vec<usize>,
+    /// The `split` load: this many writer connections + this many reader connections
+    /// (e.g. `64+16`, the shape of the trial where `BEGIN IMMEDIATE` starved its readers).
+    #[arg(long, value_delimiter = ',', default_value = "64+16")]
+    split: Vec<String>,
+    /// The share of writes in the `mixed` load.
+    #[arg(long, default_value_t = 0.3)]
+    write_ratio: f64,
+    /// The measured window of every cell, in seconds.
+    #[arg(long, default_value_t = 4.0)]
+    duration: f64,
+    /// Seconds of load before the window.
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// Rounds.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// The servers' pool size.
+    #[arg(long, default_value_t = 8)]
+    pool_size: u32,
+    /// CPU work of each write before its transaction, in µs.
+    #[arg(long, default_value_t = 300)]
+    prep_us: u64,
+    /// Objects seeded per collection (reads pick one).
+    #[arg(long, default_value_t = 200)]
+    seed: u32,
+    /// The client's tokio worker threads.
+    #[arg(long, default_value_t = 1)]
+    client_threads: usize,
+    /// Where to write writepath.{json,md} (default: print only).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The server
+
+#[derive(Clone)]
+enum Db {
+    /// One pool; `immediate`: writes begin `IMMEDIATE`.
+    Plain { pool: SqlitePool, immediate: bool },
+    /// Reads on `read`, writes `IMMEDIATE` on `write` (one connection).
+    TwoPool { read: SqlitePool, write: SqlitePool },
+    /// The write path.
+    Write(WritePool),
+}
+
+enum Tx {
+    Sqlx(Transaction<'static, Sqlite>),
+    Write(WriteTransaction),
+}
+
+impl Tx {
+    fn conn(&mut self) -> &mut SqliteConnection {
+        match self {
+            Tx::Sqlx(tx) => tx,
+            Tx::Write(tx) => tx,
+        }
+    }
+
+    async fn commit(self) -> Result<(), sqlx::Error> {
+        match self {
+            Tx::Sqlx(tx) => tx.commit().await,
+            Tx::Write(tx) => tx.commit().await,
+        }
+    }
+}
+
+impl Db {
+    fn reads(&self) -> &SqlitePool {
+        match self {
+            Db::Plain { pool, .. } => pool,
+            Db::TwoPool { read, .. } => read,
+            Db::Write(w) => w.pool(),
+        }
+    }
+
+    async fn begin(&self) -> Result<Tx, sqlx::Error> {
+        Ok(match self {
+            Db::Plain {
+                pool,
+                immediate: false,
+            } => Tx::Sqlx(pool.begin().await?),
+            Db::Plain {
+                pool,
+                immediate: true,
+            } => Tx::Sqlx(pool.begin_with("BEGIN IMMEDIATE").await?),
+            Db::TwoPool { write, .. } => Tx::Sqlx(write.begin_with("BEGIN IMMEDIATE").await?),
+            Db::Write(w) => Tx::Write(w.begin().await?),
+        })
+    }
+}
+
+#[derive(Clone)]
+struct App {
+    db: Db,
+    /// Hash rounds that take about `--prep-us` of CPU.
+    prep_rounds: u64,
+}
+
+#[derive(Deserialize)]
+struct Object {
+    data: String,
+}
+
+/// CPU work standing for parsing and authentication.
+fn prepare(body: &[u8], rounds: u64) -> u64 {
+    let mut h = DefaultHasher::new();
+    for i in 0..rounds {
+        i.hash(&mut h);
+        body.hash(&mut h);
+    }
+    h.finish()
+}
+
+async fn put_object(
+    State(app): State<App>,
+    UrlPath((collection, name)): UrlPath<(u32, String)>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<(i64, i64)>), DbError> {
+    let etag = prepare(&body, app.prep_rounds) as i64;
+    let object: Object = serde_json::from_slice(&body).map_err(DbError::internal)?;
+    let mut tx = app.db.begin().await?;
+    let token: i64 = sqlx::query_scalar("SELECT token FROM collections WHERE id = ?")
+        .bind(collection)
+        .fetch_one(tx.conn())
+        .await?;
+    sqlx::query(
+        "INSERT INTO objects (collection, name, etag, data) VALUES (?, ?, ?, ?)
+         ON CONFLICT (collection, name) DO UPDATE SET etag = excluded.etag, data = excluded.data",
+    )
+    .bind(collection)
+    .bind(&name)
+    .bind(etag)
+    .bind(&object.data)
+    .execute(tx.conn())
+    .await?;
+    sqlx::query("UPDATE collections SET token = ? WHERE id = ?")
+        .bind(token + 1)
+        .bind(collection)
+        .execute(tx.conn())
+        .await?;
+    sqlx::query("INSERT INTO changes (collection, name, token) VALUES (?, ?, ?)")
+        .bind(collection)
+        .bind(&name)
+        .bind(token + 1)
+        .execute(tx.conn())
+        .await?;
+    tx.commit().await?;
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM objects WHERE collection = ?")
+        .bind(collection)
+        .fetch_one(app.db.reads())
+        .await?;
+    Ok((StatusCode::CREATED, Json((token + 1, count))))
+}
+
+async fn get_object(
+    State(app): State<App>,
+    UrlPath((collection, name)): UrlPath<(u32, String)>,
+) -> Result<Json<i64>, DbError> {
+    let etag: Option<i64> =
+        sqlx::query_scalar("SELECT etag FROM objects WHERE collection = ? AND name = ?")
+            .bind(collection)
+            .bind(&name)
+            .fetch_optional(app.db.reads())
+            .await?;
+    etag.map(Json)
+        .ok_or_else(|| DbError::internal(std::io::Error::other("no such object")))
+}
+
+fn options(path: &Path) -> SqliteConnectOptions {
+    SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))
+        .expect("url")
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal)
+        .busy_timeout(Duration::from_secs(5))
+}
+
+async fn open_pool(path: &Path, size: u32) -> Result<SqlitePool, sqlx::Error> {
+    SqlitePoolOptions::new()
+        .max_connections(size)
+        .connect_with(options(path))
+        .await
+}
+
+/// Creates the schema and seeds `seed` objects in each collection.
+async fn seed(path: &Path, seed: u32) -> Result<(), BoxError> {
+    let pool = open_pool(path, 1).await?;
+    sqlx::raw_sql(
+        "CREATE TABLE collections (id INTEGER PRIMARY KEY, token INTEGER NOT NULL);
+         CREATE TABLE objects (collection INTEGER NOT NULL, name TEXT NOT NULL,
+             etag INTEGER NOT NULL, data TEXT NOT NULL, PRIMARY KEY (collection, name));
+         CREATE TABLE changes (id INTEGER PRIMARY KEY, collection INTEGER NOT NULL,
+             name TEXT NOT NULL, token INTEGER NOT NULL);",
+    )
+    .execute(&pool)
+    .await?;
+    let mut tx = pool.begin().await?;
+    for c in 0..COLLECTIONS {
+        sqlx::query("INSERT INTO collections (id, token) VALUES (?, 0)")
+            .bind(c)
+            .execute(&mut *tx)
+            .await?;
+        for i in 0..seed {
+            sqlx::query("INSERT INTO objects VALUES (?, ?, 0, 'seed')")
+                .bind(c)
+                .bind(format!("seed-{i}"))
+                .execute(&mut *tx)
+                .await?;
+        }
+    }
+    tx.commit().await?;
+    pool.close().await;
+    Ok(())
+}
+
+/// Hash rounds per `us` microseconds of CPU on this machine.
+fn calibrate(us: u64) -> u64 {
+    let body = [7u8; 256];
+    let rounds = 20_000;
+    let start = Instant::now();
+    std::hint::black_box(prepare(&body, rounds));
+    let per_round = start.elapsed().as_secs_f64() / rounds as f64;
+    ((us as f64 / 1e6) / per_round).max(1.0) as u64
+}
+
+fn serve(config: Config, path: &Path, pool_size: u32, prep_us: u64) -> ExitCode {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let served = rt.block_on(async move {
+        let db = match config {
+            Config::Deferred | Config::Layer => Db::Plain {
+                pool: open_pool(path, pool_size).await?,
+                immediate: false,
+            },
+            Config::Immediate => Db::Plain {
+                pool: open_pool(path, pool_size).await?,
+                immediate: true,
+            },
+            Config::TwoPool => Db::TwoPool {
+                read: open_pool(path, pool_size).await?,
+                write: open_pool(path, 1).await?,
+            },
+            Config::LayerWrite => Db::Write(WritePool::new(open_pool(path, pool_size).await?)),
+        };
+        let app = App {
+            db,
+            prep_rounds: calibrate(prep_us),
+        };
+        let mut router = Router::new()
+            .route(
+                "/objects/{collection}/{name}",
+                put(put_object).get(get_object),
+            )
+            .with_state(app);
+        if matches!(config, Config::Layer | Config::LayerWrite) {
+            router = router.layer(SqliteRetryLayer::new(RetryPolicy::default()));
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        println!("listening {}", listener.local_addr()?);
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async {
+                let _ = tokio::task::spawn_blocking(|| {
+                    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+                })
+                .await;
+            })
+            .await?;
+        Ok::<(), BoxError>(())
+    });
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("writepath --serve {}: {e}", config.key());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+struct Server {
+    child: Child,
+    addr: String,
+    log: PathBuf,
+}
+
+impl Server {
+    fn start(args: &Args, config: Config, db: &Path, dir: &Path) -> Result<Self, BoxError> {
+        let log = dir.join("server.log");
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(["--serve", config.key(), "--db"])
+            .arg(db)
+            .args(["--pool-size", &args.pool_size.to_string()])
+            .args(["--prep-us", &args.prep_us.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("piped")).read_line(&mut line)?;
+        let Some(addr) = line.trim().strip_prefix("listening ") else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!(
+                "the {} server did not start: {}",
+                config.key(),
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+            .into());
+        };
+        Ok(Self {
+            addr: addr.to_owned(),
+            child,
+            log,
+        })
+    }
+
+    fn stop(mut self) -> Result<(), BoxError> {
+        drop(self.child.stdin.take());
+        let status = self.child.wait()?;
+        if !status.success() {
+            return Err(format!(
+                "server exited with {status}: {}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            )
+            .into());
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The client
+
+async fn connect(addr: &str) -> Result<SendRequest<Full<Bytes>>, BoxError> {
+    let stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+/// xorshift64*.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+#[derive(Default)]
+struct ConnReport {
+    /// (write, ok, latency µs) of requests answered inside the window.
+    samples: Vec<(bool, bool, u32)>,
+    /// Names of the writes answered 2xx (any time).
+    created: Vec<String>,
+    failures: u64,
+}
+
+async fn drive(
+    conn: usize,
+    addr: Arc<str>,
+    write_ratio: f64,
+    seed: u32,
+    start: Instant,
+    end: Instant,
+) -> ConnReport {
+    let mut report = ConnReport::default();
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (conn as u64 + 1).wrapping_mul(0x1000_0000_01B3));
+    let mut sender = match connect(&addr).await {
+        Ok(s) => s,
+        Err(_) => {
+            report.failures += 1;
+            return report;
+        }
+    };
+    let mut n = 0u64;
+    while Instant::now() < end {
+        n += 1;
+        let collection = rng.next() % u64::from(COLLECTIONS);
+        let write = (rng.next() >> 11) as f64 / (1u64 << 53) as f64 <= write_ratio;
+        let (name, req) = if write {
+            let name = format!("c{conn}-{n}");
+            let body = format!(
+                "{{\"data\":\"BEGIN:VCALENDAR {name} {}\"}}",
+                "x".repeat(400)
+            );
+            let req = Request::builder()
+                .method(Method::PUT)
+                .uri(format!("/objects/{collection}/{name}"))
+                .header(hyper::header::HOST, &*addr)
+                .header(hyper::header::CONTENT_TYPE, "application/json")
+                .body(Full::new(Bytes::from(body)));
+            (Some(name), req)
+        } else {
+            let id = rng.next() % u64::from(seed.max(1));
+            let req = Request::builder()
+                .uri(format!("/objects/{collection}/seed-{id}"))
+                .header(hyper::header::HOST, &*addr)
+                .body(Full::new(Bytes::new()));
+            (None, req)
+        };
+        let sent = Instant::now();
+        let ok = match sender.ready().await {
+            Err(_) => None,
+            Ok(()) => match sender.send_request(req.expect("request")).await {
+                Err(_) => None,
+                Ok(res) => {
+                    let status = res.status();
+                    res.into_body()
+                        .collect()
+                        .await
+                        .ok()
+                        .map(|_| status.is_success())
+                }
+            },
+        };
+        let now = Instant::now();
+        let ok = match ok {
+            Some(ok) => ok,
+            None => {
+                match connect(&addr).await {
+                    Ok(s) => sender = s,
+                    Err(_) => return report,
+                }
+                false
+            }
+        };
+        if ok && let Some(name) = name.clone() {
+            report.created.push(format!("{collection}/{name}"));
+        }
+        if !ok {
+            report.failures += 1;
+        }
+        if now >= start && now < end {
+            let us = now
+                .duration_since(sent)
+                .as_micros()
+                .min(u128::from(u32::MAX)) as u32;
+            report.samples.push((write, ok, us));
+        }
+    }
+    report
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cells, rounds, summary
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Cell {
+    round: usize,
+    config: Config,
+    load: Load,
+    connections: usize,
+    writes_per_s: f64,
+    reads_per_s: f64,
+    p99_ms: f64,
+    write_p99_ms: f64,
+    read_p99_ms: f64,
+    max_ms: f64,
+    /// Non-2xx answers and transport errors over the whole cell.
+    failures: u64,
+    /// Integrity: 2xx writes without exactly one object and one change, and extra rows.
+    integrity_errors: u64,
+}
+
+fn percentile(us: &mut [u32], p: f64) -> f64 {
+    if us.is_empty() {
+        return 0.0;
+    }
+    us.sort_unstable();
+    let rank = ((p * us.len() as f64).ceil() as usize).clamp(1, us.len());
+    f64::from(us[rank - 1]) / 1000.0
+}
+
+async fn integrity(db: &Path, created: &[String], seed: u32) -> Result<u64, BoxError> {
+    let pool = open_pool(db, 1).await?;
+    let objects: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM objects")
+        .fetch_one(&pool)
+        .await?;
+    let changes: Vec<(i64, String)> = sqlx::query_as("SELECT collection, name FROM changes")
+        .fetch_all(&pool)
+        .await?;
+    pool.close().await;
+    let mut seen: BTreeMap<String, u32> = BTreeMap::new();
+    for (c, n) in changes {
+        *seen.entry(format!("{c}/{n}")).or_default() += 1;
+    }
+    let mut errors = 0u64;
+    for name in created {
+        if seen.remove(name) != Some(1) {
+            errors += 1;
+        }
+    }
+    // Changes no 2xx answered for (a request in flight at the end is answered, so none).
+    errors += seen.len() as u64;
+    let expected = i64::from(seed) * i64::from(COLLECTIONS) + created.len() as i64;
+    errors += (objects - expected).unsigned_abs();
+    Ok(errors)
+}
+
+struct Window {
+    warmup: Duration,
+    duration: Duration,
+}
+
+async fn run_cell(
+    args: &Args,
+    round: usize,
+    config: Config,
+    load: Load,
+    (connections, writers): (usize, usize),
+    window: &Window,
+) -> Result<Cell, BoxError> {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("bench.db");
+    seed(&db, args.seed).await?;
+    let server = Server::start(args, config, &db, dir.path())?;
+    let addr: Arc<str> = server.addr.clone().into();
+    // Each connection's share of writes.
+    let ratio = |c: usize| match load {
+        Load::Writes => 1.0,
+        Load::Mixed => args.write_ratio,
+        Load::Split if c < writers => 1.0,
+        Load::Split => 0.0,
+    };
+    let start = Instant::now() + window.warmup;
+    let end = start + window.duration;
+    let tasks: Vec<_> = (0..connections)
+        .map(|c| tokio::spawn(drive(c, addr.clone(), ratio(c), args.seed, start, end)))
+        .collect();
+    let mut reports = Vec::new();
+    for t in tasks {
+        reports.push(t.await?);
+    }
+    server.stop()?;
+    let secs = window.duration.as_secs_f64();
+    let mut all = Vec::new();
+    let (mut w, mut r) = (Vec::new(), Vec::new());
+    let (mut writes_ok, mut reads_ok, mut failures) = (0u64, 0u64, 0u64);
+    let mut created = Vec::new();
+    for rep in reports {
+        failures += rep.failures;
+        created.extend(rep.created);
+        for (write, ok, us) in rep.samples {
+            all.push(us);
+            match (write, ok) {
+                (true, true) => writes_ok += 1,
+                (false, true) => reads_ok += 1,
+                _ => {}
+            }
+            if write { w.push(us) } else { r.push(us) }
+        }
+    }
+    let max_ms = all
+        .iter()
+        .copied()
+        .max()
+        .map_or(0.0, |m| f64::from(m) / 1000.0);
+    Ok(Cell {
+        round,
+        config,
+        load,
+        connections,
+        writes_per_s: writes_ok as f64 / secs,
+        reads_per_s: reads_ok as f64 / secs,
+        p99_ms: percentile(&mut all, 0.99),
+        write_p99_ms: percentile(&mut w, 0.99),
+        read_p99_ms: percentile(&mut r, 0.99),
+        max_ms,
+        failures,
+        integrity_errors: integrity(&db, &created, args.seed).await?,
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
+fn markdown(cells: &[Cell], configs: &[Config], meta: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# writepath\n\n{meta}\n");
+    let _ = writeln!(
+        out,
+        "Medians over rounds; ratios are medians of per-round ratios to `immediate` \
+         (writes/s, reads/s, p99, max).\n"
+    );
+    let _ = writeln!(
+        out,
+        "| load | conns | config | writes/s | reads/s | p99 ms | write p99 | read p99 | max ms | failures | integrity | × writes | × reads | × p99 | × max |"
+    );
+    let _ = writeln!(
+        out,
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    let mut groups: Vec<(Load, usize)> = cells.iter().map(|c| (c.load, c.connections)).collect();
+    groups.sort();
+    groups.dedup();
+    for (load, conns) in groups {
+        for &config in configs {
+            let mine: Vec<&Cell> = cells
+                .iter()
+                .filter(|c| c.load == load && c.connections == conns && c.config == config)
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let m = |f: fn(&Cell) -> f64| median(mine.iter().map(|c| f(c)).collect());
+            let ratio = |f: fn(&Cell) -> f64| {
+                median(
+                    mine.iter()
+                        .filter_map(|c| {
+                            let reference = cells.iter().find(|r| {
+                                r.round == c.round
+                                    && r.load == load
+                                    && r.connections == conns
+                                    && r.config == Config::Immediate
+                            })?;
+                            let d = f(reference);
+                            (d > 0.0).then(|| f(c) / d)
+                        })
+                        .collect(),
+                )
+            };
+            let failures: u64 = mine.iter().map(|c| c.failures).sum();
+            let integrity: u64 = mine.iter().map(|c| c.integrity_errors).sum();
+            let _ = writeln!(
+                out,
+                "| {load:?} | {conns} | `{}` | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {failures} | {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                config.key(),
+                m(|c| c.writes_per_s),
+                m(|c| c.reads_per_s),
+                m(|c| c.p99_ms),
+                m(|c| c.write_p99_ms),
+                m(|c| c.read_p99_ms),
+                m(|c| c.max_ms),
+                if integrity == 0 {
+                    "ok".to_owned()
+                } else {
+                    format!("{integrity} errors")
+                },
+                ratio(|c| c.writes_per_s),
+                ratio(|c| c.reads_per_s),
+                ratio(|c| c.p99_ms),
+                ratio(|c| c.max_ms),
+            );
+        }
+    }
+    out
+}
+
+fn raise_open_files(need: u64) {
+    if let Ok((soft, hard)) = rlimit::Resource::NOFILE.get()
+        && soft < need
+    {
+        let _ = rlimit::Resource::NOFILE.set(need.min(hard), hard);
+    }
+}
+
+fn main() -> ExitCode {
+    let mut args = Args::parse();
+    if let Some(config) = args.serve {
+        let db = args.db.clone().expect("--db with --serve");
+        return serve(config, &db, args.pool_size, args.prep_us);
+    }
+    if args.configs.is_empty() {
+        args.configs = vec![
+            Config::Immediate,
+            Config::Deferred,
+            Config::TwoPool,
+            Config::Layer,
+            Config::LayerWrite,
+        ];
+    }
+    let window = if !args.bench {
+        // `cargo test --benches`: check the harness only.
+        args.connections = vec![4];
+        args.mixed_connections = vec![4];
+        args.split = vec!["2+2".to_owned()];
+        args.rounds = 1;
+        args.seed = 10;
+        Window {
+            warmup: Duration::from_millis(100),
+            duration: Duration::from_millis(300),
+        }
+    } else if args.quick {
+        args.connections = vec![64];
+        args.mixed_connections = vec![64];
+        args.rounds = 1;
+        Window {
+            warmup: Duration::from_millis(500),
+            duration: Duration::from_secs(1),
+        }
+    } else {
+        Window {
+            warmup: Duration::from_secs_f64(args.warmup),
+            duration: Duration::from_secs_f64(args.duration),
+        }
+    };
+    let most = args
+        .connections
+        .iter()
+        .chain(&args.mixed_connections)
+        .copied()
+        .max()
+        .unwrap_or(1)
+        .max(1024);
+    raise_open_files(most as u64 * 2 + 256);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.client_threads.max(1))
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut plan: Vec<(Load, usize, usize)> = args
+        .connections
+        .iter()
+        .map(|&c| (Load::Writes, c, c))
+        .collect();
+    plan.extend(args.mixed_connections.iter().map(|&c| (Load::Mixed, c, 0)));
+    for split in &args.split {
+        let parsed = split.split_once('+').and_then(|(w, r)| {
+            Some((
+                w.trim().parse::<usize>().ok()?,
+                r.trim().parse::<usize>().ok()?,
+            ))
+        });
+        match parsed {
+            Some((w, r)) => plan.push((Load::Split, w + r, w)),
+            None => {
+                eprintln!("--split {split}: expected WRITERS+READERS, e.g. 64+16");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let mut cells = Vec::new();
+    let mut integrity_ok = true;
+    for round in 0..args.rounds {
+        for &(load, conns, writers) in &plan {
+            let n = args.configs.len();
+            for i in 0..n {
+                let config = args.configs[(i + round) % n];
+                let cell = match rt.block_on(run_cell(
+                    &args,
+                    round,
+                    config,
+                    load,
+                    (conns, writers),
+                    &window,
+                )) {
+                    Ok(cell) => cell,
+                    Err(e) => {
+                        eprintln!("{} {load:?} {conns}: {e}", config.key());
+                        return ExitCode::FAILURE;
+                    }
+                };
+                eprintln!(
+                    "round {round} {load:?} {conns} {}: {:.0} writes/s, {:.0} reads/s, p99 {:.1} ms, max {:.1} ms, {} failures, {} integrity errors",
+                    config.key(),
+                    cell.writes_per_s,
+                    cell.reads_per_s,
+                    cell.p99_ms,
+                    cell.max_ms,
+                    cell.failures,
+                    cell.integrity_errors
+                );
+                integrity_ok &= cell.integrity_errors == 0;
+                cells.push(cell);
+            }
+        }
+    }
+    let meta = format!(
+        "{} rounds, {:.1} s windows after {:.1} s warm-up, pool {}, prep {} µs, {} client thread(s), write ratio of mixed {:.2}; {} cores",
+        args.rounds,
+        window.duration.as_secs_f64(),
+        window.warmup.as_secs_f64(),
+        args.pool_size,
+        args.prep_us,
+        args.client_threads,
+        args.write_ratio,
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+    );
+    let md = markdown(&cells, &args.configs, &meta);
+    println!("{md}");
+    if args.bench
+        && let Some(out) = &args.out
+    {
+        let written = std::fs::create_dir_all(out)
+            .and_then(|()| std::fs::write(out.join("writepath.md"), &md))
+            .and_then(|()| {
+                std::fs::write(
+                    out.join("writepath.json"),
+                    serde_json::to_string_pretty(&cells).expect("json"),
+                )
+            });
+        if let Err(e) = written {
+            eprintln!("writing {}: {e}", out.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    if integrity_ok {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("integrity errors: see the table");
+        ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,156 @@
+//! The write path: queue the *transaction*, not the request.
+//!
+//! # Why
+//!
+//! SQLite has one writer. Two ways of living with that are common, and both cost more than
+//! they need to:
+//!
+//! - a deferred transaction (`pool.begin()`) that reads and then writes fails with
+//!   `SQLITE_BUSY` at once when another connection wrote in between; the layer replays the
+//!   whole request, redoing everything the handler did before and after its transaction;
+//! - `BEGIN IMMEDIATE` takes the write lock first, so it never fails that way; but writers
+//!   waiting for the lock wait *inside* SQLite's busy handler, which polls with sleeps (the
+//!   slowest writer waits over a second under load), and each of them holds a pool connection
+//!   while it waits, so readers run out of connections.
+//!
+//! [`WritePool`] keeps `BEGIN IMMEDIATE` and moves the wait in front of it: a write transaction
+//! first waits for its **turn** in an in-process FIFO queue of its database file, and only then
+//! takes a pool connection and begins `IMMEDIATE`. The turn goes back when the transaction
+//! commits or rolls back. So
+//!
+//! - only the transaction is serialized: authentication, parsing and the work after the commit
+//!   run in parallel with other writers;
+//! - waiting writers hold no connection (readers keep the pool) and never sleep-poll in
+//!   SQLite: the next writer is woken the moment the previous one committed, in arrival order;
+//! - writers in **other processes** are still excluded by SQLite (`busy_timeout`) and, past it,
+//!   covered by the layer's replay: the `SQLITE_BUSY` of `BEGIN IMMEDIATE` is retryable.
+//!
+//! # The commit fences the request
+//!
+//! Under [`SqliteRetryLayer`](crate::SqliteRetryLayer), [`WriteTransaction::commit`][commit] fences
+//! the request (as [`Attempt::fence`](crate::Attempt::fence) does): a retryable failure after
+//! the commit is answered as it is, never replayed, because a replay would write twice. Code
+//! below the handler needs no [`Attempt`](crate::Attempt) for this: the layer makes its
+//! request the current one while the handler runs, and the commit finds it there. (A task the
+//! handler spawns is not the request's: its commits do not fence.)
+//!
+//! # Rules
+//!
+//! - **One turn per file**: every `WritePool` on one database file in this process shares one
+//!   queue, whatever the pool (the file's canonical path is the key).
+//! - **The wait is bounded**: by the request's deadline under the layer, and by the pool's
+//!   `acquire_timeout` in any case; past it [`begin`][begin] fails with
+//!   [`sqlx::Error::PoolTimedOut`] (retryable, as a pool time-out always was).
+//! - **Dropped without commit**: the transaction rolls back and the turn goes back at once; a
+//!   handler that fails with `?` gives the turn back before the layer's backoff starts.
+//! - **One write transaction at a time per request**: a second [`begin`][begin] on
+//!   the same file while the request holds a write transaction would wait for itself, so it
+//!   fails at once with [`sqlx::Error::InvalidArgument`] instead. Sequential transactions (the
+//!   first committed or dropped) are fine; for a nested one, use a savepoint on the open one
+//!   (`sqlx::Connection::begin(&mut *tx)`). Without the layer there is no request to tell, and
+//!   such a wait ends at the pool's `acquire_timeout`.
+//! - Reads need no turn: read from [`WritePool::pool`][pool] (or `&*db`), as before.
+//!
+//! Pair it with WAL (`journal_mode(Wal)`), a `busy_timeout` of a few seconds (for writers in
+//! other processes), and `synchronous(Normal)`.
+//!
+//! # Other drivers
+//!
+//! For sqlx 0.8, rusqlite or libSQL, [`WriteQueue`] is the turn on its own: wait for a
+//! [`WriteTurn`], begin `IMMEDIATE` with your driver, and call
+//! [`committed`](WriteTurn::committed) after the commit (it fences the request and gives the
+//! turn back; dropping the turn gives it back without fencing).
+//!
+//! # Example
+//!
+//! The one-line change is the state's type: `SqlitePool` becomes [`WritePool`]. `db.begin()`
+//! keeps its spelling (and now begins `IMMEDIATE`, in turn); reads use `&*db`.
+//!
+#![cfg_attr(feature = "sqlite-write", doc = "```")]
+#![cfg_attr(not(feature = "sqlite-write"), doc = "```ignore")]
+//! use axum::{Json, Router, extract::State, routing::post};
+//! use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+//! use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer, WritePool};
+//!
+//! async fn create_order(
+//!     State(db): State<WritePool>,
+//!     Json(item): Json<String>,
+//! ) -> Result<Json<(i64, i64)>, DbError> {
+//!     // Work before the transaction runs in parallel with other writers.
+//!     let item = item.trim().to_owned();
+//!     let mut tx = db.begin().await?; // waits for the turn, then BEGIN IMMEDIATE
+//!     let next: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) + 1 FROM orders")
+//!         .fetch_one(&mut *tx)
+//!         .await?;
+//!     sqlx::query("INSERT INTO orders (seq, item) VALUES (?, ?)")
+//!         .bind(next)
+//!         .bind(&item)
+//!         .execute(&mut *tx)
+//!         .await?;
+//!     tx.commit().await?; // commits, gives the turn back, fences the request
+//!     let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM orders")
+//!         .fetch_one(&*db) // reads take no turn
+//!         .await?;
+//!     Ok(Json((next, count)))
+//! }
+//!
+//! fn app(db: WritePool) -> Router {
+//!     Router::new()
+//!         .route("/orders", post(create_order))
+//!         .layer(SqliteRetryLayer::new(RetryPolicy::default()))
+//!         .with_state(db)
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # use tower::ServiceExt;
+//! # let dir = tempfile::tempdir()?;
+//! let options = SqliteConnectOptions::new()
+//!     .filename(dir.path().join("shop.db"))
+//!     .create_if_missing(true)
+//!     .journal_mode(SqliteJournalMode::Wal)
+//!     .busy_timeout(std::time::Duration::from_secs(5));
+//! let pool = SqlitePoolOptions::new().max_connections(8).connect_with(options).await?;
+//! sqlx::query("CREATE TABLE orders (seq INTEGER PRIMARY KEY, item TEXT NOT NULL)")
+//!     .execute(&pool)
+//!     .await?;
+//! let app = app(WritePool::new(pool));
+//! # let req = http::Request::post("/orders")
+//! #     .header("content-type", "application/json")
+//! #     .body(axum::body::Body::from("\"tea\""))?;
+//! # let res = app.oneshot(req).await?;
+//! # assert_eq!(res.status(), 200);
+//! # Ok(())
+//! # }
+//! ```
+//!
+#![cfg_attr(feature = "sqlite-write", doc = "[`WritePool`]: WritePool")]
+#![cfg_attr(feature = "sqlite-write", doc = "[begin]: WritePool::begin")]
+#![cfg_attr(feature = "sqlite-write", doc = "[pool]: WritePool::pool")]
+#![cfg_attr(feature = "sqlite-write", doc = "[commit]: WriteTransaction::commit")]
+#![cfg_attr(
+    not(feature = "sqlite-write"),
+    doc = "[`WritePool`]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WritePool.html"
+)]
+#![cfg_attr(
+    not(feature = "sqlite-write"),
+    doc = "[begin]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WritePool.html#method.begin"
+)]
+#![cfg_attr(
+    not(feature = "sqlite-write"),
+    doc = "[pool]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WritePool.html#method.pool"
+)]
+#![cfg_attr(
+    not(feature = "sqlite-write"),
+    doc = "[commit]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WriteTransaction.html#method.commit"
+)]
+
+#[cfg(feature = "sqlite-write")]
+mod pool;
+mod queue;
+mod turn;
+
+#[cfg(feature = "sqlite-write")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite-write")))]
+pub use pool::{WritePool, WriteTransaction};
+pub use queue::{TurnError, WriteQueue, WriteTurn};
