@@ -692,9 +692,7 @@ where
             .replays
             .as_ref()
             .map_or(Duration::ZERO, |r| r.prev_delay);
-        match decide(after, || {
-            policy.random_delay(n, prev, cap)
-        }) {
+        match decide(after, || policy.random_delay(n, prev, cap)) {
             Decision::Finish(outcome) => {
                 if verdict == Verdict::Retryable && gave_up(outcome) {
                     self.gave_up_event(outcome, n);
