@@ -1,8 +1,8 @@
 //! A [tower] middleware for database-backed HTTP services that **replays the whole request**
 //! when its handler failed with a retryable database error: `SQLITE_BUSY`,
 //! `SQLITE_BUSY_SNAPSHOT`, the `LOCKED` cases that are contention, pool time-outs, and, behind
-//! features, PostgreSQL serialization failures and deadlocks (`40001`, `40P01`) and MySQL
-//! deadlocks and lock wait time-outs (`1213`, `1205`).
+//! features, PostgreSQL serialization failures and deadlocks (`40001`, `40P01`) and MySQL/MariaDB
+//! deadlocks, lock wait time-outs and snapshot conflicts (`1213`, `1205`, `1020`, `3101`).
 //!
 //! A deferred SQLite transaction that reads and then writes meets `SQLITE_BUSY` at once when
 //! another connection writes, whatever `busy_timeout` says, and retrying the statement inside
@@ -101,6 +101,7 @@
 //! | `postgres` | PostgreSQL SQLSTATEs, in whichever sqlx versions are on |
 //! | `mysql` | MySQL/MariaDB error numbers, in whichever sqlx versions are on |
 //! | `metrics` | metrics through the [`metrics`](https://docs.rs/metrics) facade |
+//! | `sqlite-write` | the write path for sqlx 0.9 and SQLite ([`WritePool`](write/index.html)): the transaction queues for its turn per database file, begins `IMMEDIATE` and fences the request at commit; no SQLite library chosen |
 //! | `sqlite` | deprecated alias of `sqlx` |
 //!
 //! # Semver and dependencies
@@ -109,7 +110,8 @@
 //! `bytes` (1.x); `tower-layer` and `tower-service` (0.3); `tower` 0.5 (the retry
 //! [`Budget`](tower::retry::budget::Budget) a policy takes, `BoxError`); `tracing` 0.1 (the
 //! `Level` of [`RetryPolicy::replay_event_level`]); and, with their features, `axum` 0.8,
-//! sqlx 0.9 and 0.8, rusqlite (0.14 to 0.43) and libsql 0.10 (`From` impls and classifiers).
+//! sqlx 0.9 and 0.8, rusqlite (0.14 to 0.43) and libsql 0.10 (`From` impls and classifiers),
+//! sqlx-sqlite 0.9 (`sqlite-write`: `WritePool` takes and gives sqlx's SQLite types).
 //! Moving to a new breaking version of any of them is a breaking release of this crate. CI
 //! checks the list with `cargo-check-external-types`. The minimum supported Rust version is
 //! 1.94 (that of sqlx 0.9), checked in CI; raising it is a minor release.

@@ -67,7 +67,7 @@ pub enum Jitter {
 /// | `base_delay` | 2 ms | the first backoff, before jitter; it doubles for each later replay |
 /// | `max_delay` | 100 ms | caps each backoff, after jitter (a request holding a writer-admission slot, while others queue behind it, backs off at most 4 × `base_delay` for its first four attempts: see [`Admission`]) |
 /// | `jitter` | [`Jitter::Full`] | each backoff uniform in `[0, d]`, so replays spread out |
-/// | `deadline` | 10 s | total time per request once its body is in, handler time included; it bounds every wait (admission, the replay gate, the inner service's readiness), and no backoff that would end past it is started |
+/// | `deadline` | 10 s | total time per request once its body is in, handler time included (the upload gets as long again, then passes through without retries); it bounds every wait (admission, the replay gate, the inner service's readiness), and no backoff that would end past it is started |
 /// | `max_body_bytes` | 1 MiB | the replay buffer of one request; a larger body passes through without retries |
 /// | `max_buffered_bytes` | 16 MiB | the replay buffers of all requests in flight together; a body that would cross it passes through without retries |
 /// | `replay_gate` | 1 | replays (attempt ≥ 2) pass a shared semaphore one at a time: SQLite has one writer ([`no_replay_gate`](RetryPolicy::no_replay_gate) lifts it) |
@@ -187,8 +187,11 @@ impl RetryPolicy {
     /// The total time the layer spends on a request: every attempt, handler time, backoff and
     /// every wait (the replay gate, the inner service's readiness) included, on the monotonic
     /// clock. It starts when the request is ready for its first attempt: once its body is
-    /// buffered (an upload's own pace is the client's; bound it with tower-http's
-    /// `RequestBodyTimeoutLayer` outside the layer), else at once.
+    /// buffered, else at once. The upload has a deadline of its own, as long, from the
+    /// request's arrival: a body not in by then is passed through to one attempt without
+    /// retries (`body_too_slow`), so a stalled client never holds its bytes against
+    /// `max_buffered_bytes` for long (tower-http's `RequestBodyTimeoutLayer` outside the layer
+    /// answers such clients `408` instead, if you prefer).
     ///
     /// Past it no attempt starts and no wait goes on: the answer is the last retryable failure
     /// (or, when no attempt could start, `503 Service Unavailable` with `Retry-After` and an

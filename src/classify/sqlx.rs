@@ -32,7 +32,7 @@ use super::{Backend, Coded, Constraint, Retryable};
 /// `SQLITE_LOCKED_SHAREDCACHE`, `SQLITE_PROTOCOL`, the unlock-notify deadlock victim),
 /// PostgreSQL's SQLSTATEs in [`classify_postgres_code`](crate::classify_postgres_code) (`40001`,
 /// `40P01`; not `55P03`, and why), MySQL's error numbers in
-/// [`classify_mysql_code`](crate::classify_mysql_code) (`1213`, `1205`, and why).
+/// [`classify_mysql_code`](crate::classify_mysql_code) (`1213`, `1205`, `1020`, `3101`, and why).
 ///
 /// ```
 /// use tower_sqlite_retry::classify;
