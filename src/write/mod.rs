@@ -40,12 +40,12 @@
 //!   queue, whatever the pool (the file's canonical path is the key).
 //! - **The wait is bounded**: by the request's deadline under the layer, and by the pool's
 //!   `acquire_timeout` in any case; past it [`begin`][begin] fails with
-//!   [`sqlx::Error::PoolTimedOut`] (retryable, as a pool time-out always was).
+//!   `sqlx::Error::PoolTimedOut` (retryable, as a pool time-out always was).
 //! - **Dropped without commit**: the transaction rolls back and the turn goes back at once; a
 //!   handler that fails with `?` gives the turn back before the layer's backoff starts.
 //! - **One write transaction at a time per request**: a second [`begin`][begin] on
 //!   the same file while the request holds a write transaction would wait for itself, so it
-//!   fails at once with [`sqlx::Error::InvalidArgument`] instead. Sequential transactions (the
+//!   fails at once with `sqlx::Error::InvalidArgument` instead. Sequential transactions (the
 //!   first committed or dropped) are fine; for a nested one, use a savepoint on the open one
 //!   (`sqlx::Connection::begin(&mut *tx)`). Without the layer there is no request to tell, and
 //!   such a wait ends at the pool's `acquire_timeout`.
