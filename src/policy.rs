@@ -65,7 +65,7 @@ pub enum Jitter {
 /// |---|---|---|
 /// | `max_attempts` | 500 | a safety cap: the deadline bounds a request (a deadline's worth of backoff is about 200 attempts); see [`RetryPolicy::max_attempts`] |
 /// | `base_delay` | 2 ms | the first backoff, before jitter; it doubles for each later replay |
-/// | `max_delay` | 100 ms | caps each backoff, after jitter (a request holding a writer-admission slot, while others queue behind it, backs off at most 4 × `base_delay` for its first four attempts: see [`Admission`]) |
+/// | `max_delay` | 100 ms | caps each backoff, after jitter (a request holding a writer-admission slot, while others queue behind it, backs off at most 4 × `base_delay` for its first sixteen attempts: see [`Admission`]) |
 /// | `jitter` | [`Jitter::Full`] | each backoff uniform in `[0, d]`, so replays spread out |
 /// | `deadline` | 10 s | total time per request once its body is in, handler time included (the upload gets as long again, then passes through without retries); it bounds every wait (admission, the replay gate, the inner service's readiness), and no backoff that would end past it is started |
 /// | `max_body_bytes` | 1 MiB | the replay buffer of one request; a larger body passes through without retries |
@@ -144,7 +144,7 @@ impl RetryPolicy {
     }
 
     /// The first backoff delay, before jitter; each later one doubles, up to
-    /// [`max_delay`](Self::max_delay) (up to four times this delay for the first four attempts
+    /// [`max_delay`](Self::max_delay) (up to four times this delay for the first sixteen attempts
     /// of a request that holds a writer-admission slot while others queue behind it: see
     /// [`Admission::Adaptive`]).
     ///
