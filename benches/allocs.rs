@@ -21,6 +21,11 @@
 //! `layer + prometheus`, into `metrics-exporter-prometheus`' recorder, set for this thread.
 //!
 //! Results go to stdout (Markdown) and `benches/results/allocs.json`.
+//!
+//! `ALLOCS_ONLY=layer` (contenders, comma-separated; `bare` always runs) and
+//! `ALLOCS_SIZES=GET` narrow a run, e.g. to count instructions per request under
+//! `valgrind --tool=callgrind` (the difference between two runs with different
+//! `ALLOCS_REQUESTS`, see BENCHMARKS.md); a narrowed run records nothing.
 
 mod common;
 
@@ -136,11 +141,26 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
+    // `ALLOCS_ONLY=layer` runs the bare router and the named contenders only (e.g. under
+    // `valgrind --tool=dhat`, to see where one contender allocates).
+    let only = std::env::var("ALLOCS_ONLY").ok();
+    let picked = |c: &str| {
+        c == "bare"
+            || only
+                .as_deref()
+                .is_none_or(|o| o.split(',').any(|n| n.trim() == c))
+    };
+    // `ALLOCS_SIZES=GET` (or `POST 1 KiB`, ...) runs those requests only.
+    let sizes = std::env::var("ALLOCS_SIZES").ok();
     let mut rows: Vec<Row> = Vec::new();
-    for (size, len) in SIZES {
+    for (size, len) in SIZES.into_iter().filter(|(s, _)| {
+        sizes
+            .as_deref()
+            .is_none_or(|o| o.split(',').any(|n| n.trim() == *s))
+    }) {
         let payload = Bytes::from(vec![b'x'; len]);
         let mut bare = (0.0, 0.0);
-        for &contender in CONTENDERS {
+        for &contender in CONTENDERS.iter().filter(|c| picked(c)) {
             // The recorder (built before counting starts) takes this thread's metrics for the
             // contender's warm-up and run.
             #[cfg(feature = "metrics")]
@@ -207,7 +227,8 @@ fn main() {
         );
     }
     println!();
-    if requests >= 1000 {
+    // A filtered run (`ALLOCS_ONLY`, `ALLOCS_SIZES`) leaves the recorded results alone.
+    if requests >= 1000 && only.is_none() && sizes.is_none() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/results");
         std::fs::create_dir_all(&dir).expect("results dir");
         let json = serde_json::to_string_pretty(&serde_json::json!({

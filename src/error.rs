@@ -97,15 +97,7 @@ pub struct DbError {
 
 #[derive(Debug)]
 // Without a driver feature, only `DbError::internal` makes one.
-#[cfg_attr(
-    not(any(
-        feature = "sqlx",
-        feature = "sqlx-0_8",
-        feature = "rusqlite",
-        feature = "libsql"
-    )),
-    allow(dead_code)
-)]
+#[cfg_attr(not(driver), allow(dead_code))]
 enum Kind {
     Retryable(Retryable),
     Conflict,

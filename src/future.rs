@@ -250,23 +250,6 @@ where
         }
 
         let upgrade = head.method == Method::CONNECT || head.headers.contains_key(header::UPGRADE);
-        let declared = head
-            .headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        let over_cap = |n: u64| usize::try_from(n).map_or(true, |n| n > policy.max_body_bytes);
-        let declared_over_cap =
-            declared.is_some_and(over_cap) || over_cap(body.size_hint().lower());
-        let expect_continue = head
-            .headers
-            .get(header::EXPECT)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-        let caps = Caps {
-            body: policy.max_body_bytes,
-            in_flight: policy.max_buffered_bytes,
-        };
-        let declared = declared.and_then(|n| usize::try_from(n).ok());
         let pass = |why: Option<NotReplayable>, body: B| {
             if let Some(why) = why {
                 tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
@@ -280,27 +263,49 @@ where
             pass(None, body)
         } else if upgrade {
             pass(Some(NotReplayable::Upgrade), body)
-        } else if declared_over_cap {
-            pass(Some(NotReplayable::DeclaredOverCap), body)
-        } else if body.is_end_stream() {
+        } else if body.is_end_stream() && body.size_hint().exact() == Some(0) {
+            // Nothing to read (a GET): no header but the upgrade's matters.
             Source::Buffered(Buffered::empty())
-        } else if expect_continue {
-            // The client waits for the go-ahead: let the first attempt read (and so ask for)
-            // the body, and record it as it goes.
-            // Recorded within the deadline, from the request's start (as a buffered body is).
-            Source::Recording(Recording::new(
-                body,
-                shared.counters.clone(),
-                caps,
-                declared,
-                Instant::now().checked_add(policy.deadline),
-            ))
         } else {
-            Source::Collecting(
-                Collector::new(body, shared.counters.clone(), caps, declared),
-                // The upload's own deadline, from the request's start.
-                Instant::now().checked_add(policy.deadline),
-            )
+            let declared = head
+                .headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            let over_cap = |n: u64| usize::try_from(n).map_or(true, |n| n > policy.max_body_bytes);
+            let declared_over_cap =
+                declared.is_some_and(over_cap) || over_cap(body.size_hint().lower());
+            let declared = declared.and_then(|n| usize::try_from(n).ok());
+            let caps = Caps {
+                body: policy.max_body_bytes,
+                in_flight: policy.max_buffered_bytes,
+            };
+            if declared_over_cap {
+                pass(Some(NotReplayable::DeclaredOverCap), body)
+            } else if body.is_end_stream() {
+                Source::Buffered(Buffered::empty())
+            } else if head
+                .headers
+                .get(header::EXPECT)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+            {
+                // The client waits for the go-ahead: let the first attempt read (and so ask
+                // for) the body, and record it as it goes, within the deadline from the
+                // request's start (as a buffered body is).
+                Source::Recording(Recording::new(
+                    body,
+                    shared.counters.clone(),
+                    caps,
+                    declared,
+                    Instant::now().checked_add(policy.deadline),
+                ))
+            } else {
+                Source::Collecting(
+                    Collector::new(body, shared.counters.clone(), caps, declared),
+                    // The upload's own deadline, from the request's start.
+                    Instant::now().checked_add(policy.deadline),
+                )
+            }
         };
         let state = if matches!(body, Source::Collecting(..)) {
             State::Buffering
@@ -369,9 +374,10 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let Proj { mut state, core } = self.project();
         loop {
-            // The request's span, once it has one (it may open on the way).
-            let span = core.span.clone();
-            let _entered = span.enter();
+            // The request's span, once it has one (it may open on the way); a first attempt
+            // that succeeds has none, and pays for no clone or enter.
+            let span = (!core.span.is_none()).then(|| core.span.clone());
+            let _entered = span.as_ref().map(Span::enter);
             let next = match state.as_mut().project() {
                 StateProj::Buffering => ready!(core.buffer(cx)),
                 StateProj::Queue { pending } => core.queue(std::mem::take(pending)),
@@ -523,19 +529,13 @@ where
         since: Instant,
         pending: &mut Pending,
     ) -> Poll<Next<S::Future, Answer<S, B>>> {
-        let admitted = match acquire.as_mut().poll(cx) {
-            Poll::Ready(admitted) => Some(admitted),
-            Poll::Pending if self.deadline_passed(cx) => None,
-            Poll::Pending => return Poll::Pending,
-        };
-        let mut pending = std::mem::take(pending);
-        pending.add(self.waited(since));
-        Poll::Ready(match admitted {
-            Some(admitted) => {
+        let polled = acquire.as_mut().poll(cx);
+        Poll::Ready(match ready!(self.wait_end(cx, polled, since, pending)) {
+            Ok((admitted, pending)) => {
                 self.request.hold(limit.clone(), admitted);
                 Next::To(State::Queue { pending })
             }
-            None => self.stop(Outcome::Deadline, pending),
+            Err(stop) => stop,
         })
     }
 
@@ -547,20 +547,40 @@ where
         since: Instant,
         pending: &mut Pending,
     ) -> Poll<Next<S::Future, Answer<S, B>>> {
-        let permit = match acquire.as_mut().poll(cx) {
-            // The semaphore lives as long as the layer and is never closed.
-            Poll::Ready(permit) => Some(permit.expect("gate never closed")),
+        // The semaphore lives as long as the layer and is never closed.
+        let polled = acquire
+            .as_mut()
+            .poll(cx)
+            .map(|permit| permit.expect("gate never closed"));
+        Poll::Ready(match ready!(self.wait_end(cx, polled, since, pending)) {
+            Ok((permit, mut pending)) => {
+                pending.permit = Some(permit);
+                Next::To(State::Queue { pending })
+            }
+            Err(stop) => stop,
+        })
+    }
+
+    /// The end of a wait in a queue (a slot, the gate): what it waited for, with the wait
+    /// added to the attempt's queue time, or past the deadline the request's end.
+    #[allow(clippy::type_complexity)]
+    fn wait_end<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<T>,
+        since: Instant,
+        pending: &mut Pending,
+    ) -> Poll<Result<(T, Pending), Next<S::Future, Answer<S, B>>>> {
+        let got = match polled {
+            Poll::Ready(got) => Some(got),
             Poll::Pending if self.deadline_passed(cx) => None,
             Poll::Pending => return Poll::Pending,
         };
         let mut pending = std::mem::take(pending);
         pending.add(self.waited(since));
-        Poll::Ready(match permit {
-            Some(permit) => {
-                pending.permit = Some(permit);
-                Next::To(State::Queue { pending })
-            }
-            None => self.stop(Outcome::Deadline, pending),
+        Poll::Ready(match got {
+            Some(got) => Ok((got, pending)),
+            None => Err(self.stop(Outcome::Deadline, pending)),
         })
     }
 

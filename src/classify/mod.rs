@@ -458,15 +458,7 @@ impl Coded<'_> {
 /// [`DbError`](crate::DbError) answers it with (RFC 9110; see the tables in the module's
 /// documentation for each database's codes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[cfg_attr(
-    not(any(
-        feature = "sqlx",
-        feature = "sqlx-0_8",
-        feature = "rusqlite",
-        feature = "libsql"
-    )),
-    allow(dead_code)
-)]
+#[cfg_attr(not(driver), allow(dead_code))]
 pub(crate) enum Constraint {
     /// UNIQUE, PRIMARY KEY, FOREIGN KEY, EXCLUSION (or a constraint whose kind the code does
     /// not say): the request conflicts with the current state of the data, other rows; the

@@ -77,15 +77,7 @@ pub fn classify_postgres_code(sqlstate: &str) -> Option<Retryable> {
 /// `23001` restrict and the class's other codes conflict with other rows (409); `23502` not
 /// null and `23514` check refuse the request's own content (422). Type errors are class `22`
 /// (data_exception), no constraint: `500`.
-#[cfg_attr(
-    not(any(
-        feature = "sqlx",
-        feature = "sqlx-0_8",
-        feature = "rusqlite",
-        feature = "libsql"
-    )),
-    allow(dead_code)
-)]
+#[cfg_attr(not(driver), allow(dead_code))]
 pub(crate) fn postgres_constraint(sqlstate: &str) -> Option<Constraint> {
     if sqlstate.len() != 5 || !sqlstate.starts_with("23") {
         return None;

@@ -117,15 +117,7 @@ pub fn classify_sqlite_code(code: i32, message: &str) -> Option<Retryable> {
 
 /// What kind of constraint violation a SQLite extended result code is (primary code 19,
 /// `SQLITE_CONSTRAINT_*`), if one.
-#[cfg_attr(
-    not(any(
-        feature = "sqlx",
-        feature = "sqlx-0_8",
-        feature = "rusqlite",
-        feature = "libsql"
-    )),
-    allow(dead_code)
-)]
+#[cfg_attr(not(driver), allow(dead_code))]
 pub(crate) fn sqlite_constraint(code: i32) -> Option<Constraint> {
     if code & 0xff != 19 {
         return None;
