@@ -62,6 +62,17 @@ async fn real_busy_snapshot(db: &TestDb) -> sqlx::Error {
     err
 }
 
+/// A real UNIQUE violation (SQLite's extended code 2067): `seq` inserted twice.
+async fn unique_violation(pool: &sqlx::SqlitePool, seq: i64) -> sqlx::Error {
+    let insert = "INSERT INTO items (seq, name) VALUES (?, 'a')";
+    sqlx::query(insert).bind(seq).execute(pool).await.unwrap();
+    sqlx::query(insert)
+        .bind(seq)
+        .execute(pool)
+        .await
+        .unwrap_err()
+}
+
 #[tokio::test]
 async fn busy_is_retryable() {
     let db = TestDb::new();
@@ -84,14 +95,7 @@ async fn busy_snapshot_is_retryable() {
 async fn constraint_violation_is_not_retryable() {
     let db = TestDb::new();
     let pool = db.pool(1, Duration::ZERO).await;
-    sqlx::query("INSERT INTO items (seq, name) VALUES (1, 'a')")
-        .execute(&pool)
-        .await
-        .unwrap();
-    let err = sqlx::query("INSERT INTO items (seq, name) VALUES (1, 'b')")
-        .execute(&pool)
-        .await
-        .unwrap_err();
+    let err = unique_violation(&pool, 1).await;
     assert_eq!(code_of(&err), "2067");
     assert!(classify(&err).is_none());
     assert!(is_constraint_violation(&err));
@@ -357,14 +361,7 @@ async fn conflict_events_carry_codes_and_the_message_only_at_trace() {
     use tracing_subscriber::layer::SubscriberExt;
     let db = TestDb::new();
     let pool = db.pool(1, Duration::ZERO).await;
-    sqlx::query("INSERT INTO items (seq, name) VALUES (7, 'a')")
-        .execute(&pool)
-        .await
-        .unwrap();
-    let err = sqlx::query("INSERT INTO items (seq, name) VALUES (7, 'a')")
-        .execute(&pool)
-        .await
-        .unwrap_err();
+    let err = unique_violation(&pool, 7).await;
     let message = err.as_database_error().unwrap().message().to_owned();
     assert_eq!(message, "UNIQUE constraint failed: items.seq");
 
