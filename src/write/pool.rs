@@ -4,10 +4,9 @@ use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::path::Path;
 use std::sync::Arc;
-
-use sqlx::Transaction;
 use std::time::Duration;
 
+use sqlx::Transaction;
 use sqlx_sqlite::{Sqlite, SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions};
 
 use super::queue::{bound, holder_of};
