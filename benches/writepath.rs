@@ -2,9 +2,10 @@
 //! real client over loopback HTTP/1.1.
 //!
 //! ```text
-//! cargo bench --features sqlite-write --bench writepath                          # all (≈ 9 min)
-//! cargo bench --features sqlite-write --bench writepath -- --quick               # smoke (≈ 40 s)
+//! cargo bench --features sqlite-write --bench writepath                          # all (≈ 12 min)
+//! cargo bench --features sqlite-write --bench writepath -- --quick               # smoke (≈ 50 s)
 //! cargo bench --features sqlite-write --bench writepath -- --rounds 5 --out benches/results/writepath
+//! cargo bench --features sqlite-write --bench writepath -- --replot benches/results/writepath  # the chart again
 //! ```
 //!
 //! **The handler** is shaped like a CalDAV `PUT`: about `--prep-us` (300) µs of CPU first
