@@ -2,9 +2,10 @@
 //! real client over loopback HTTP/1.1.
 //!
 //! ```text
-//! cargo bench --features sqlite-write --bench writepath                          # all (≈ 9 min)
-//! cargo bench --features sqlite-write --bench writepath -- --quick               # smoke (≈ 40 s)
+//! cargo bench --features sqlite-write --bench writepath                          # all (≈ 12 min)
+//! cargo bench --features sqlite-write --bench writepath -- --quick               # smoke (≈ 50 s)
 //! cargo bench --features sqlite-write --bench writepath -- --rounds 5 --out benches/results/writepath
+//! cargo bench --features sqlite-write --bench writepath -- --replot benches/results/writepath  # the chart again
 //! ```
 //!
 //! **The handler** is shaped like a CalDAV `PUT`: about `--prep-us` (300) µs of CPU first
@@ -23,7 +24,11 @@
 //! | `immediate` | no layer, `begin_with("BEGIN IMMEDIATE")`: **the reference** |
 //! | `two-pool` | no layer, `BEGIN IMMEDIATE` on a writer pool of 1, reads on the pool |
 //! | `layer` | `SqliteRetryLayer` (default policy), the handler unchanged (deferred) |
-//! | `layer-write` | `SqliteRetryLayer` (default policy) and the write path (`WritePool`) |
+//! | `layer-write` | `SqliteRetryLayer` (default policy) and the write path (`WritePool`, its writer connection) |
+//! | `layer-write-shared` | the same with `writer_connections(0)`: writes take the pool's connections (the write path before it had writer connections) |
+//!
+//! `WRITEPATH_WRITERS=N` in the environment gives `layer-write` N writer connections
+//! (`WritePool::writer_connections`) instead of the default one.
 //!
 //! **Client**: a closed loop (like `wrk`) of `--connections` keep-alive HTTP/1.1 connections in
 //! this process, each sending its next request when the previous answer is read; `--warmup`
@@ -35,6 +40,9 @@
 //!
 //! **Rounds**: every round runs every cell once, the configurations' order rotated per round.
 //! The table gives medians over rounds and the median of per-round ratios to `immediate`.
+//! With `--out DIR` it writes `writepath.{md,json}` and `writepath.svg` (writes/s and p99 of
+//! the `writes` load against the connection count); `--replot DIR` draws the SVG again from
+//! the JSON.
 //!
 //! Run by `cargo test --benches` (no `--bench` flag) it does a tiny smoke run and writes
 //! nothing.
@@ -65,6 +73,9 @@ use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 use tokio::net::TcpStream;
 use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer, WritePool, WriteTransaction};
 
+#[path = "common/chart.rs"]
+mod chart;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 const COLLECTIONS: u32 = 16;
@@ -77,6 +88,10 @@ enum Config {
     TwoPool,
     Layer,
     LayerWrite,
+    /// The write path with no writer connections of its own (`writer_connections(0)`): write
+    /// transactions take the application pool's connections (the write path before it had a
+    /// writer connection).
+    LayerWriteShared,
 }
 
 impl Config {
@@ -87,11 +102,12 @@ impl Config {
             Config::TwoPool => "two-pool",
             Config::Layer => "layer",
             Config::LayerWrite => "layer-write",
+            Config::LayerWriteShared => "layer-write-shared",
         }
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 enum Load {
     Writes,
@@ -128,6 +144,9 @@ struct Args {
     /// (e.g. `64+16`, the shape of the trial where `BEGIN IMMEDIATE` starved its readers).
     #[arg(long, value_delimiter = ',', default_value = "64+16")]
     split: Vec<String>,
+    /// The loads to run [default: all].
+    #[arg(long, value_enum, value_delimiter = ',')]
+    loads: Vec<Load>,
     /// The share of writes in the `mixed` load.
     #[arg(long, default_value_t = 0.3)]
     write_ratio: f64,
@@ -152,9 +171,12 @@ struct Args {
     /// The client's tokio worker threads.
     #[arg(long, default_value_t = 1)]
     client_threads: usize,
-    /// Where to write writepath.{json,md} (default: print only).
+    /// Where to write writepath.{json,md,svg} (default: print only).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Draw DIR/writepath.svg again from DIR/writepath.json, and do nothing else.
+    #[arg(long)]
+    replot: Option<PathBuf>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -369,7 +391,17 @@ fn serve(config: Config, path: &Path, pool_size: u32, prep_us: u64) -> ExitCode 
                 read: open_pool(path, pool_size).await?,
                 write: open_pool(path, 1).await?,
             },
-            Config::LayerWrite => Db::Write(WritePool::new(open_pool(path, pool_size).await?)),
+            Config::LayerWrite => {
+                let db = WritePool::new(open_pool(path, pool_size).await?);
+                // `WRITEPATH_WRITERS=N`: N writer connections instead of the default.
+                match std::env::var("WRITEPATH_WRITERS").map(|w| w.parse::<u32>()) {
+                    Ok(Ok(n)) => Db::Write(db.writer_connections(n)),
+                    _ => Db::Write(db),
+                }
+            }
+            Config::LayerWriteShared => {
+                Db::Write(WritePool::new(open_pool(path, pool_size).await?).writer_connections(0))
+            }
         };
         let app = App {
             db,
@@ -381,7 +413,10 @@ fn serve(config: Config, path: &Path, pool_size: u32, prep_us: u64) -> ExitCode 
                 put(put_object).get(get_object),
             )
             .with_state(app);
-        if matches!(config, Config::Layer | Config::LayerWrite) {
+        if matches!(
+            config,
+            Config::Layer | Config::LayerWrite | Config::LayerWriteShared
+        ) {
             router = router.layer(SqliteRetryLayer::new(RetryPolicy::default()));
         }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -595,6 +630,28 @@ struct Cell {
     failures: u64,
     /// Integrity: 2xx writes without exactly one object and one change, and extra rows.
     integrity_errors: u64,
+    /// The server process's CPU time (user + system) over the window per answered request.
+    #[serde(default)]
+    server_cpu_us_per_request: f64,
+}
+
+/// User + system CPU seconds of process `pid` so far (`/proc/PID/stat`; NaN where there is
+/// none). Clock ticks are 100 per second on Linux.
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return f64::NAN;
+    };
+    // The fields after the command's closing parenthesis: state is the 3rd field, utime the
+    // 14th, stime the 15th.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return f64::NAN;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+    match (tick(11), tick(12)) {
+        (Some(user), Some(system)) => (user + system) / 100.0,
+        _ => f64::NAN,
+    }
 }
 
 fn percentile(us: &mut [u32], p: f64) -> f64 {
@@ -662,10 +719,19 @@ async fn run_cell(
     let tasks: Vec<_> = (0..connections)
         .map(|c| tokio::spawn(drive(c, addr.clone(), ratio(c), args.seed, start, end)))
         .collect();
+    // The server's CPU time over the window (user + system, from /proc; NaN elsewhere).
+    let pid = server.child.id();
+    let cpu = tokio::spawn(async move {
+        tokio::time::sleep_until(start.into()).await;
+        let before = cpu_seconds(pid);
+        tokio::time::sleep_until(end.into()).await;
+        cpu_seconds(pid) - before
+    });
     let mut reports = Vec::new();
     for t in tasks {
         reports.push(t.await?);
     }
+    let server_cpu_s = cpu.await?;
     server.stop()?;
     let secs = window.duration.as_secs_f64();
     let mut all = Vec::new();
@@ -690,7 +756,9 @@ async fn run_cell(
         .copied()
         .max()
         .map_or(0.0, |m| f64::from(m) / 1000.0);
+    let answered = (writes_ok + reads_ok).max(1) as f64;
     Ok(Cell {
+        server_cpu_us_per_request: server_cpu_s * 1e6 / answered,
         round,
         config,
         load,
@@ -729,11 +797,11 @@ fn markdown(cells: &[Cell], configs: &[Config], meta: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "| load | conns | config | writes/s | reads/s | p99 ms | write p99 | read p99 | max ms | failures | integrity | × writes | × reads | × p99 | × max |"
+        "| load | conns | config | writes/s | reads/s | p99 ms | write p99 | read p99 | max ms | failures | integrity | server CPU µs/req | × writes | × reads | × p99 | × max |"
     );
     let _ = writeln!(
         out,
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     let mut groups: Vec<(Load, usize)> = cells.iter().map(|c| (c.load, c.connections)).collect();
     groups.sort();
@@ -768,7 +836,7 @@ fn markdown(cells: &[Cell], configs: &[Config], meta: &str) -> String {
             let integrity: u64 = mine.iter().map(|c| c.integrity_errors).sum();
             let _ = writeln!(
                 out,
-                "| {load:?} | {conns} | `{}` | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {failures} | {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                "| {load:?} | {conns} | `{}` | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {failures} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} |",
                 config.key(),
                 m(|c| c.writes_per_s),
                 m(|c| c.reads_per_s),
@@ -781,6 +849,7 @@ fn markdown(cells: &[Cell], configs: &[Config], meta: &str) -> String {
                 } else {
                     format!("{integrity} errors")
                 },
+                m(|c| c.server_cpu_us_per_request),
                 ratio(|c| c.writes_per_s),
                 ratio(|c| c.reads_per_s),
                 ratio(|c| c.p99_ms),
@@ -789,6 +858,69 @@ fn markdown(cells: &[Cell], configs: &[Config], meta: &str) -> String {
         }
     }
     out
+}
+
+/// Draws writes/s and p99 of the `writes` load against the connection count, one line per
+/// configuration (medians over rounds).
+fn draw(cells: &[Cell], configs: &[Config], path: &Path, meta: &str) -> Result<(), BoxError> {
+    use plotters::style::{BLACK, Color, Palette, Palette99, RGBColor};
+
+    let lines: Vec<chart::Line> = configs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &config)| {
+            let mine: Vec<&Cell> = cells
+                .iter()
+                .filter(|c| c.load == Load::Writes && c.config == config)
+                .collect();
+            let mut conns: Vec<usize> = mine.iter().map(|c| c.connections).collect();
+            conns.sort_unstable();
+            conns.dedup();
+            if conns.is_empty() {
+                return None;
+            }
+            let medians = |f: fn(&Cell) -> f64| -> Vec<(f64, f64)> {
+                conns
+                    .iter()
+                    .map(|&n| {
+                        let at_n = mine.iter().filter(|c| c.connections == n).map(|c| f(c));
+                        (n as f64, median(at_n.collect()))
+                    })
+                    .collect()
+            };
+            let style = match config {
+                Config::Immediate => BLACK.stroke_width(3),
+                Config::LayerWrite => RGBColor(220, 80, 0).stroke_width(3),
+                Config::LayerWriteShared => RGBColor(150, 150, 150).stroke_width(2),
+                _ => Palette99::pick(i).stroke_width(2),
+            };
+            Some(chart::Line::new(
+                config.key().to_owned(),
+                style,
+                medians(|c| c.writes_per_s),
+                medians(|c| c.p99_ms),
+            ))
+        })
+        .collect();
+    let title = format!("writepath, writes only: {meta}");
+    let labels = chart::Labels {
+        title: &title,
+        clients: "client connections (keep-alive, closed loop)",
+        goodput_caption: "writes/s (median over rounds)",
+    };
+    chart::goodput_and_p99(path, &labels, &lines)
+}
+
+/// `--replot DIR`.
+fn replot(dir: &Path) -> Result<(), BoxError> {
+    let cells: Vec<Cell> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("writepath.json"))?)?;
+    let mut configs: Vec<Config> = cells.iter().map(|c| c.config).collect();
+    configs.sort_unstable();
+    configs.dedup();
+    let rounds = cells.iter().map(|c| c.round + 1).max().unwrap_or(0);
+    let meta = format!("{rounds} rounds, pool 8, prep 300 µs");
+    draw(&cells, &configs, &dir.join("writepath.svg"), &meta)
 }
 
 fn raise_open_files(need: u64) {
@@ -801,6 +933,15 @@ fn raise_open_files(need: u64) {
 
 fn main() -> ExitCode {
     let mut args = Args::parse();
+    if let Some(dir) = &args.replot {
+        return match replot(dir) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("--replot {}: {e}", dir.display());
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(config) = args.serve {
         let db = args.db.clone().expect("--db with --serve");
         return serve(config, &db, args.pool_size, args.prep_us);
@@ -812,6 +953,7 @@ fn main() -> ExitCode {
             Config::TwoPool,
             Config::Layer,
             Config::LayerWrite,
+            Config::LayerWriteShared,
         ];
     }
     let window = if !args.bench {
@@ -873,6 +1015,9 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         }
+    }
+    if !args.loads.is_empty() {
+        plan.retain(|(load, _, _)| args.loads.contains(load));
     }
     let mut cells = Vec::new();
     let mut integrity_ok = true;
@@ -936,6 +1081,14 @@ fn main() -> ExitCode {
             });
         if let Err(e) = written {
             eprintln!("writing {}: {e}", out.display());
+            return ExitCode::FAILURE;
+        }
+        let short = format!(
+            "{} rounds, pool {}, prep {} µs",
+            args.rounds, args.pool_size, args.prep_us
+        );
+        if let Err(e) = draw(&cells, &args.configs, &out.join("writepath.svg"), &short) {
+            eprintln!("drawing {}: {e}", out.join("writepath.svg").display());
             return ExitCode::FAILURE;
         }
     }

@@ -589,3 +589,69 @@ async fn a_handler_that_panics_gives_the_turn_back() {
         .expect("the turn came back");
     assert_eq!(seq, 1);
 }
+
+/// Writes begin on the write path's own writer connections: with every connection of the
+/// application's pool held by readers, a write transaction still begins and commits. With
+/// `writer_connections(0)` (writes take the application pool's connections, as before) the
+/// same write waits for a pooled connection until the pool's `acquire_timeout`.
+#[tokio::test]
+async fn readers_holding_every_pooled_connection_do_not_block_a_write() {
+    let db = TestDb::new();
+    let pool = pool_with(&db, 2, Duration::from_secs(5), Duration::from_millis(300)).await;
+    let writes = WritePool::new(pool.clone());
+    let shared = WritePool::new(pool.clone()).writer_connections(0);
+    let readers = [pool.acquire().await.unwrap(), pool.acquire().await.unwrap()];
+    assert_eq!(pool.num_idle(), 0, "the readers hold the whole pool");
+
+    let seq = append(&writes, "beside the readers")
+        .await
+        .expect("a write needs no pooled connection");
+    assert_eq!(seq, 1);
+    assert!(
+        matches!(shared.begin().await, Err(sqlx::Error::PoolTimedOut)),
+        "with writer_connections(0), a write needs a pooled connection"
+    );
+
+    drop(readers);
+    assert_eq!(append(&shared, "shared").await.unwrap(), 2);
+    assert_eq!(count(&pool).await, 2);
+}
+
+/// A write transaction dropped without commit keeps the turn until its rollback has run: the
+/// next writer, on the other writer connection with a busy timeout of 0, never meets the
+/// dropped transaction's write lock (it would fail with `SQLITE_BUSY` at once, and nothing
+/// replays here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_transaction_rolls_back_before_the_next_writer_begins() {
+    let db = TestDb::new();
+    let writes = WritePool::new(pool(&db, 2, Duration::ZERO).await).writer_connections(2);
+    for i in 0..200 {
+        let mut tx = writes.begin().await.expect("begin");
+        sqlx::query("INSERT INTO items (seq, name) VALUES (-1, 'dropped')")
+            .execute(&mut *tx)
+            .await
+            .expect("insert");
+        drop(tx);
+        let seq = append(&writes, &format!("after drop {i}"))
+            .await
+            .unwrap_or_else(|e| panic!("writer {i} after a dropped transaction: {e}"));
+        assert_eq!(seq, i + 1);
+    }
+    let dropped: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM items WHERE seq < 0")
+        .fetch_one(writes.pool())
+        .await
+        .unwrap();
+    assert_eq!(dropped, 0, "every dropped transaction rolled back");
+}
+
+/// Closing the `WritePool` closes the application's pool and the writer connections; a write
+/// after it fails with `PoolClosed` (and does not open a writer connection again).
+#[tokio::test]
+async fn close_closes_the_writer_connections_too() {
+    let db = TestDb::new();
+    let writes = WritePool::new(pool(&db, 2, Duration::from_secs(5)).await);
+    assert_eq!(append(&writes, "before close").await.unwrap(), 1);
+    writes.close().await;
+    assert!(writes.pool().is_closed());
+    assert!(matches!(writes.begin().await, Err(sqlx::Error::PoolClosed)));
+}

@@ -15,13 +15,18 @@
 //!
 //! [`WritePool`] keeps `BEGIN IMMEDIATE` and moves the wait in front of it: a write transaction
 //! first waits for its **turn** in an in-process FIFO queue of its database file, and only then
-//! takes a pool connection and begins `IMMEDIATE`. The turn goes back when the transaction
-//! commits or rolls back. So
+//! begins `IMMEDIATE`, on a **writer connection** the `WritePool` keeps for write transactions
+//! (opened when first needed, with the pool's options). The turn goes back
+//! the moment the transaction's `COMMIT` (or rollback) has returned. So
 //!
 //! - only the transaction is serialized: authentication, parsing and the work after the commit
 //!   run in parallel with other writers;
-//! - waiting writers hold no connection (readers keep the pool) and never sleep-poll in
-//!   SQLite: the next writer is woken the moment the previous one committed, in arrival order;
+//! - waiting writers hold no connection and never sleep-poll in SQLite: the next writer is
+//!   woken the moment the previous one committed, in arrival order, and begins at once on a
+//!   warm writer connection (no pool acquire, no ping, no competing with readers for one);
+//! - the application's pool is left to readers: a write needs none of its connections, even
+//!   when readers hold them all ([`WritePool::writer_connections`][writers]`(0)` goes back to
+//!   taking write connections from it);
 //! - writers in **other processes** are still excluded by SQLite (`busy_timeout`) and, past it,
 //!   covered by the layer's replay: the `SQLITE_BUSY` of `BEGIN IMMEDIATE` is retryable.
 //!
@@ -37,12 +42,16 @@
 //! # Rules
 //!
 //! - **One turn per file**: every `WritePool` on one database file in this process shares one
-//!   queue, whatever the pool (the file's canonical path is the key).
+//!   queue, whatever the pool (the file's canonical path is the key). Each `WritePool` (with
+//!   its clones) has a writer connection of its own; the shared turn keeps all of them to one
+//!   write transaction at a time.
 //! - **The wait is bounded**: by the request's deadline under the layer, and by the pool's
 //!   `acquire_timeout` in any case; past it [`begin`][begin] fails with
 //!   `sqlx::Error::PoolTimedOut` (retryable, as a pool time-out always was).
-//! - **Dropped without commit**: the transaction rolls back and the turn goes back at once; a
-//!   handler that fails with `?` gives the turn back before the layer's backoff starts.
+//! - **Dropped without commit**: the transaction rolls back and the turn goes back as soon as
+//!   the rollback has run (one round trip to the connection, bounded by `acquire_timeout`), so
+//!   the next writer never meets its write lock; a handler that fails with `?` gives the turn
+//!   back while the layer's backoff runs, not after it.
 //! - **One write transaction at a time per request**: a second [`begin`][begin] on
 //!   the same file while the request holds a write transaction would wait for itself, so it
 //!   fails at once with `sqlx::Error::InvalidArgument` instead. Sequential transactions (the
@@ -127,6 +136,10 @@
 #![cfg_attr(feature = "sqlite-write", doc = "[`WritePool`]: WritePool")]
 #![cfg_attr(feature = "sqlite-write", doc = "[begin]: WritePool::begin")]
 #![cfg_attr(feature = "sqlite-write", doc = "[pool]: WritePool::pool")]
+#![cfg_attr(
+    feature = "sqlite-write",
+    doc = "[writers]: WritePool::writer_connections"
+)]
 #![cfg_attr(feature = "sqlite-write", doc = "[commit]: WriteTransaction::commit")]
 #![cfg_attr(
     not(feature = "sqlite-write"),
@@ -139,6 +152,10 @@
 #![cfg_attr(
     not(feature = "sqlite-write"),
     doc = "[pool]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WritePool.html#method.pool"
+)]
+#![cfg_attr(
+    not(feature = "sqlite-write"),
+    doc = "[writers]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WritePool.html#method.writer_connections"
 )]
 #![cfg_attr(
     not(feature = "sqlite-write"),
