@@ -62,11 +62,15 @@ async fn real_busy_snapshot(db: &TestDb) -> sqlx::Error {
     err
 }
 
-/// A real UNIQUE violation (SQLite's extended code 2067): `seq` inserted twice.
+/// A real UNIQUE violation (SQLite's extended code 2067): `seq` inserted twice (once more, when
+/// it is already there).
 async fn unique_violation(pool: &sqlx::SqlitePool, seq: i64) -> sqlx::Error {
-    let insert = "INSERT INTO items (seq, name) VALUES (?, 'a')";
-    sqlx::query(insert).bind(seq).execute(pool).await.unwrap();
-    sqlx::query(insert)
+    sqlx::query("INSERT OR IGNORE INTO items (seq, name) VALUES (?, 'a')")
+        .bind(seq)
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO items (seq, name) VALUES (?, 'a')")
         .bind(seq)
         .execute(pool)
         .await
@@ -463,16 +467,7 @@ async fn error_chain_finds_retryable_errors_in_application_errors() {
 async fn error_chain_leaves_other_errors_alone() {
     let db = TestDb::new();
     let pool = db.pool(1, Duration::ZERO).await;
-    sqlx::query("INSERT INTO items (seq, name) VALUES (1, 'a')")
-        .execute(&pool)
-        .await
-        .unwrap();
-    let unique = || async {
-        sqlx::query("INSERT INTO items (seq, name) VALUES (1, 'a')")
-            .execute(&pool)
-            .await
-            .unwrap_err()
-    };
+    let unique = || unique_violation(&pool, 1);
     let chain = tower_sqlite_retry::classify_error_chain;
     assert!(chain(&AppError::from(unique().await)).is_none());
     assert!(chain(&Transparent::from(unique().await)).is_none());
@@ -489,16 +484,7 @@ async fn error_chain_leaves_other_errors_alone() {
 async fn db_error_display_leaves_the_source_to_the_chain() {
     let db = TestDb::new();
     let pool = db.pool(1, Duration::ZERO).await;
-    sqlx::query("INSERT INTO items (seq, name) VALUES (1, 'a')")
-        .execute(&pool)
-        .await
-        .unwrap();
-    let unique = || async {
-        sqlx::query("INSERT INTO items (seq, name) VALUES (1, 'a')")
-            .execute(&pool)
-            .await
-            .unwrap_err()
-    };
+    let unique = || unique_violation(&pool, 1);
     let err = DbError::from(unique().await);
     assert_eq!(err.to_string(), "constraint violation");
     assert!(std::error::Error::source(&err).is_some());
