@@ -25,10 +25,7 @@
 //! | `two-pool` | no layer, `BEGIN IMMEDIATE` on a writer pool of 1, reads on the pool |
 //! | `layer` | `SqliteRetryLayer` (default policy), the handler unchanged (deferred) |
 //! | `layer-write` | `SqliteRetryLayer` (default policy) and the write path (`WritePool`, its writer connection) |
-//! | `layer-write-shared` | the same with `writer_connections(0)`: writes take the pool's connections (the write path before it had writer connections) |
-//!
-//! `WRITEPATH_WRITERS=N` in the environment gives `layer-write` N writer connections
-//! (`WritePool::writer_connections`) instead of the default one.
+//! | `layer-write-shared` | the same with `writer_connection(false)`: writes take the pool's connections (the write path before it had a writer connection) |
 //!
 //! **Client**: a closed loop (like `wrk`) of `--connections` keep-alive HTTP/1.1 connections in
 //! this process, each sending its next request when the previous answer is read; `--warmup`
@@ -88,7 +85,7 @@ enum Config {
     TwoPool,
     Layer,
     LayerWrite,
-    /// The write path with no writer connections of its own (`writer_connections(0)`): write
+    /// The write path with no writer connection of its own (`writer_connection(false)`): write
     /// transactions take the application pool's connections (the write path before it had a
     /// writer connection).
     LayerWriteShared,
@@ -391,17 +388,10 @@ fn serve(config: Config, path: &Path, pool_size: u32, prep_us: u64) -> ExitCode 
                 read: open_pool(path, pool_size).await?,
                 write: open_pool(path, 1).await?,
             },
-            Config::LayerWrite => {
-                let db = WritePool::new(open_pool(path, pool_size).await?);
-                // `WRITEPATH_WRITERS=N`: N writer connections instead of the default.
-                match std::env::var("WRITEPATH_WRITERS").map(|w| w.parse::<u32>()) {
-                    Ok(Ok(n)) => Db::Write(db.writer_connections(n)),
-                    _ => Db::Write(db),
-                }
-            }
-            Config::LayerWriteShared => {
-                Db::Write(WritePool::new(open_pool(path, pool_size).await?).writer_connections(0))
-            }
+            Config::LayerWrite => Db::Write(WritePool::new(open_pool(path, pool_size).await?)),
+            Config::LayerWriteShared => Db::Write(
+                WritePool::new(open_pool(path, pool_size).await?).writer_connection(false),
+            ),
         };
         let app = App {
             db,

@@ -592,14 +592,14 @@ async fn a_handler_that_panics_gives_the_turn_back() {
 
 /// Writes begin on the write path's own writer connections: with every connection of the
 /// application's pool held by readers, a write transaction still begins and commits. With
-/// `writer_connections(0)` (writes take the application pool's connections, as before) the
+/// `writer_connection(false)` (writes take the application pool's connections, as before) the
 /// same write waits for a pooled connection until the pool's `acquire_timeout`.
 #[tokio::test]
 async fn readers_holding_every_pooled_connection_do_not_block_a_write() {
     let db = TestDb::new();
     let pool = pool_with(&db, 2, Duration::from_secs(5), Duration::from_millis(300)).await;
     let writes = WritePool::new(pool.clone());
-    let shared = WritePool::new(pool.clone()).writer_connections(0);
+    let shared = WritePool::new(pool.clone()).writer_connection(false);
     let readers = [pool.acquire().await.unwrap(), pool.acquire().await.unwrap()];
     assert_eq!(pool.num_idle(), 0, "the readers hold the whole pool");
 
@@ -609,7 +609,7 @@ async fn readers_holding_every_pooled_connection_do_not_block_a_write() {
     assert_eq!(seq, 1);
     assert!(
         matches!(shared.begin().await, Err(sqlx::Error::PoolTimedOut)),
-        "with writer_connections(0), a write needs a pooled connection"
+        "with writer_connection(false), a write needs a pooled connection"
     );
 
     drop(readers);
@@ -618,15 +618,16 @@ async fn readers_holding_every_pooled_connection_do_not_block_a_write() {
 }
 
 /// A write transaction dropped without commit keeps the turn until its rollback has run: the
-/// next writer, on the other writer connection with a busy timeout of 0, never meets the
-/// dropped transaction's write lock (it would fail with `SQLITE_BUSY` at once, and nothing
-/// replays here).
+/// next writer, on another connection (another `WritePool`'s writer connection on the same
+/// file, sharing the turn) with a busy timeout of 0, never meets the dropped transaction's
+/// write lock (it would fail with `SQLITE_BUSY` at once, and nothing replays here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_transaction_rolls_back_before_the_next_writer_begins() {
     let db = TestDb::new();
-    let writes = WritePool::new(pool(&db, 2, Duration::ZERO).await).writer_connections(2);
+    let dropping = WritePool::new(pool(&db, 2, Duration::ZERO).await);
+    let writes = WritePool::new(pool(&db, 2, Duration::ZERO).await);
     for i in 0..200 {
-        let mut tx = writes.begin().await.expect("begin");
+        let mut tx = dropping.begin().await.expect("begin");
         sqlx::query("INSERT INTO items (seq, name) VALUES (-1, 'dropped')")
             .execute(&mut *tx)
             .await
@@ -654,4 +655,127 @@ async fn close_closes_the_writer_connections_too() {
     writes.close().await;
     assert!(writes.pool().is_closed());
     assert!(matches!(writes.begin().await, Err(sqlx::Error::PoolClosed)));
+}
+
+/// A savepoint inside a write transaction (`sqlx::Connection::begin(&mut *tx)`): released or
+/// rolled back on its own, inside the transaction, which then commits what is left; the next
+/// write transaction begins on the same writer connection as usual.
+#[tokio::test]
+async fn a_savepoint_inside_a_write_transaction_nests_as_with_sqlx() {
+    use sqlx::Connection as _;
+    let db = TestDb::new();
+    let writes = WritePool::new(pool(&db, 2, Duration::from_secs(5)).await);
+    let mut tx = writes.begin().await.expect("begin");
+    sqlx::query("INSERT INTO items (seq, name) VALUES (1, 'outer')")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    {
+        let mut kept = (*tx).begin().await.expect("a savepoint");
+        sqlx::query("INSERT INTO items (seq, name) VALUES (2, 'kept')")
+            .execute(&mut *kept)
+            .await
+            .unwrap();
+        kept.commit().await.expect("RELEASE");
+    }
+    {
+        let mut undone = (*tx).begin().await.expect("a savepoint");
+        sqlx::query("INSERT INTO items (seq, name) VALUES (3, 'undone')")
+            .execute(&mut *undone)
+            .await
+            .unwrap();
+        undone.rollback().await.expect("ROLLBACK TO");
+    }
+    tx.commit().await.expect("commit");
+    let seqs: Vec<i64> = sqlx::query_scalar("SELECT seq FROM items ORDER BY seq")
+        .fetch_all(writes.pool())
+        .await
+        .unwrap();
+    assert_eq!(seqs, [1, 2]);
+    assert_eq!(append(&writes, "next").await.unwrap(), 3);
+}
+
+/// A `COMMIT` that fails leaves SQLite's transaction open (here a deferred foreign key that
+/// is still violated at commit time): `commit` returns the error, rolls back, and gives the
+/// turn back, so the next writer (same writer connection, busy timeout 0) begins a fresh
+/// transaction, and nothing of the failed one is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_commit_rolls_back_and_the_next_writer_begins_fresh() {
+    let db = TestDb::new();
+    let writes = WritePool::new(pool(&db, 2, Duration::ZERO).await);
+    {
+        let mut tx = writes.begin().await.unwrap();
+        sqlx::query(
+            "CREATE TABLE parents (id INTEGER PRIMARY KEY); \
+             CREATE TABLE children (id INTEGER PRIMARY KEY, parent INTEGER \
+               REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED)",
+        )
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+    }
+    for round in 0..20 {
+        let mut tx = writes.begin().await.expect("begin after a failed commit");
+        sqlx::query("PRAGMA foreign_keys = ON")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        sqlx::query("INSERT INTO items (seq, name) VALUES (-1, 'with the orphan')")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        sqlx::query("INSERT INTO children (id, parent) VALUES (?, 42)")
+            .bind(round)
+            .execute(&mut *tx)
+            .await
+            .expect("deferred: checked at commit");
+        let failed = tx.commit().await.expect_err("the orphan fails the commit");
+        let code = failed
+            .as_database_error()
+            .and_then(|e| e.code())
+            .map(|c| c.into_owned());
+        assert_eq!(code.as_deref(), Some("787"), "{failed}"); // SQLITE_CONSTRAINT_FOREIGNKEY
+        assert_eq!(append(&writes, "after").await.unwrap(), round + 1);
+    }
+    let orphans: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM children")
+        .fetch_one(writes.pool())
+        .await
+        .unwrap();
+    let rolled_back: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM items WHERE seq < 0")
+        .fetch_one(writes.pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        (orphans, rolled_back),
+        (0, 0),
+        "the failed transactions left nothing"
+    );
+}
+
+/// The writer connection is one connection, kept from one writer to the next: SQLite's
+/// `last_insert_rowid()`, which is per connection, carries over between write transactions
+/// (none of the pool's four connections inserted anything). Clones of the `WritePool` share it.
+#[tokio::test]
+async fn clones_of_a_write_pool_share_one_writer_connection_from_writer_to_writer() {
+    let db = TestDb::new();
+    let writes = WritePool::new(pool(&db, 4, Duration::from_secs(5)).await);
+    let clone = writes.clone();
+    {
+        let mut tx = writes.begin().await.unwrap();
+        sqlx::query("INSERT INTO items (id, seq, name) VALUES (77, 1, 'marker')")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+    for db in [&writes, &clone, &writes] {
+        let mut tx = db.begin().await.unwrap();
+        let last: i64 = sqlx::query_scalar("SELECT last_insert_rowid()")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(last, 77, "the same connection as the marker's insert");
+        tx.rollback().await.unwrap();
+    }
 }

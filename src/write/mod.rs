@@ -25,7 +25,7 @@
 //!   woken the moment the previous one committed, in arrival order, and begins at once on a
 //!   warm writer connection (no pool acquire, no ping, no competing with readers for one);
 //! - the application's pool is left to readers: a write needs none of its connections, even
-//!   when readers hold them all ([`WritePool::writer_connections`][writers]`(0)` goes back to
+//!   when readers hold them all ([`WritePool::writer_connection`][writers]`(false)` goes back to
 //!   taking write connections from it);
 //! - writers in **other processes** are still excluded by SQLite (`busy_timeout`) and, past it,
 //!   covered by the layer's replay: the `SQLITE_BUSY` of `BEGIN IMMEDIATE` is retryable.
@@ -138,7 +138,7 @@
 #![cfg_attr(feature = "sqlite-write", doc = "[pool]: WritePool::pool")]
 #![cfg_attr(
     feature = "sqlite-write",
-    doc = "[writers]: WritePool::writer_connections"
+    doc = "[writers]: WritePool::writer_connection"
 )]
 #![cfg_attr(feature = "sqlite-write", doc = "[commit]: WriteTransaction::commit")]
 #![cfg_attr(
@@ -155,7 +155,7 @@
 )]
 #![cfg_attr(
     not(feature = "sqlite-write"),
-    doc = "[writers]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WritePool.html#method.writer_connections"
+    doc = "[writers]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WritePool.html#method.writer_connection"
 )]
 #![cfg_attr(
     not(feature = "sqlite-write"),

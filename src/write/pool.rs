@@ -3,11 +3,16 @@
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sqlx::Transaction;
-use sqlx_sqlite::{Sqlite, SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions};
+use sqlx::pool::PoolConnection;
+use sqlx_core::sql_str::SqlStr;
+use sqlx_core::transaction::TransactionManager;
+use sqlx_sqlite::{
+    Sqlite, SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions,
+    SqliteTransactionManager,
+};
 
 use super::queue::{bound, holder_of};
 use super::turn::{Queue, Turn};
@@ -23,54 +28,49 @@ use crate::attempt::{RequestState, current_request};
 /// application pool's connect options and its `after_connect` hook), never on the
 /// application's: a writer in its turn begins on a warm connection whose page cache no other
 /// writer invalidated, and does not compete with readers for one. See
-/// [`writer_connections`](Self::writer_connections).
+/// [`writer_connection`](Self::writer_connection).
 ///
-/// Cloning is cheap (the pools and the queue are shared). See the [module docs](super) for why
-/// and for an example.
+/// Cloning is cheap (the pools, the writer connection and the queue are shared). See the
+/// [module docs](super) for why and for an example.
 #[derive(Clone)]
 pub struct WritePool {
     pool: SqlitePool,
-    /// The connections write transactions begin on; `None`: the application pool's.
-    writers: Option<SqlitePool>,
+    /// The connection write transactions begin on; `None`: the application pool's.
+    writer: Option<Arc<Writer>>,
     queue: Arc<Queue>,
 }
 
-/// The number of writer connections [`WritePool::new`] gives a pool.
-const DEFAULT_WRITERS: u32 = 1;
-
 impl WritePool {
     /// The write path over `pool`, with a writer connection of its own (see
-    /// [`writer_connections`](Self::writer_connections)). Every `WritePool` on the same
+    /// [`writer_connection`](Self::writer_connection)). Every `WritePool` on the same
     /// database file (whatever the pool) shares one queue in this process.
     ///
-    /// Nothing is opened here: the writer connections open when the first write transaction
-    /// needs one.
+    /// Nothing is opened here: the writer connection opens when the first write transaction
+    /// needs it.
     pub fn new(pool: SqlitePool) -> Self {
         let queue = Queue::of(pool.connect_options().get_filename());
-        let writers = Some(writer_pool(&pool, DEFAULT_WRITERS));
+        let writer = Some(Arc::new(Writer::of(&pool)));
         Self {
             pool,
-            writers,
+            writer,
             queue,
         }
     }
 
-    /// The number of connections of its own this `WritePool` begins write transactions on
-    /// (default 1); `0`: none, write transactions take a connection from the application's
-    /// pool (as readers do), in their turn.
+    /// Whether write transactions begin on a connection of this `WritePool`'s own (`true`, the
+    /// default) or take one from the application's pool, as readers do, in their turn
+    /// (`false`).
     ///
-    /// The writer connections are opened, when first needed, with the application pool's
+    /// The writer connection is opened, when first needed, with the application pool's
     /// connect options (the file, `busy_timeout`, journal mode, pragmas) and pool options
-    /// (`acquire_timeout`, `after_connect` and the other hooks), but never closed for being
-    /// idle or old, and not pinged before each use. A writer connection is one more SQLite
-    /// connection on the file: one file handle, its own page cache.
+    /// (`acquire_timeout`, `after_connect`), and then kept by the `WritePool` itself, outside
+    /// any pool: between two writers it is not pinged, not recycled for being idle or old,
+    /// and hands over from one writer to the next with no round trip. It is one more SQLite
+    /// connection on the file: one file handle, its own page cache (which stays warm, since
+    /// only it writes). One is always enough: only the turn's holder uses it.
     ///
-    /// One is the right number unless measured otherwise: only the turn's holder uses a
-    /// writer connection. A second lets the next writer begin while sqlx is still giving the
-    /// previous one back to its pool (it pings every connection it takes back), but writers
-    /// then alternate between the two, and SQLite drops a connection's page cache whenever
-    /// another connection wrote: on `benches/writepath.rs` two were slower than one
-    /// (BENCHMARKS.md).
+    /// A connection that fails (anything but a database error, or a transaction it could not
+    /// end) is closed, and the next writer opens a new one.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
@@ -84,20 +84,20 @@ impl WritePool {
     ///     .create_if_missing(true)
     ///     .journal_mode(SqliteJournalMode::Wal);
     /// let pool = SqlitePoolOptions::new().max_connections(8).connect_with(options).await?;
-    /// // One writer connection (the least memory), beside the 8 of the pool for reads.
-    /// let db = WritePool::new(pool).writer_connections(1);
+    /// // Write transactions take their connection from the pool of 8, as reads do.
+    /// let db = WritePool::new(pool).writer_connection(false);
     /// let mut tx = db.begin().await?;
     /// sqlx::query("CREATE TABLE t (x)").execute(&mut *tx).await?;
     /// tx.commit().await?;
     /// # Ok(())
     /// # }
     /// ```
-    pub fn writer_connections(mut self, connections: u32) -> Self {
-        self.writers = (connections > 0).then(|| writer_pool(&self.pool, connections));
+    pub fn writer_connection(mut self, own: bool) -> Self {
+        self.writer = own.then(|| Arc::new(Writer::of(&self.pool)));
         self
     }
 
-    /// Waits for this database's write turn, then begins `IMMEDIATE` on a writer connection.
+    /// Waits for this database's write turn, then begins `IMMEDIATE` on the writer connection.
     ///
     /// The wait is bounded by the current request's deadline (under the layer) and by the
     /// pool's `acquire_timeout`; past the bound it fails with [`sqlx::Error::PoolTimedOut`].
@@ -129,12 +129,22 @@ impl WritePool {
             .take(holder, || bound(deadline, acquire_timeout))
             .await
             .ok_or(sqlx::Error::PoolTimedOut)?;
-        // Only now a connection: waiting writers never hold one. A failure here gives the turn
-        // back (it drops with `turn`).
-        let writers = self.writers.as_ref().unwrap_or(&self.pool);
-        let tx = writers.begin_with("BEGIN IMMEDIATE").await?;
+        // Only now a connection: waiting writers never hold one. A failure from here on gives
+        // the turn back (it drops with `turn`).
+        let mut conn = match &self.writer {
+            Some(writer) => Conn::Own(writer.take().await?, Arc::clone(writer)),
+            None => Conn::Pooled(self.pool.acquire().await?),
+        };
+        const IMMEDIATE: SqlStr = SqlStr::from_static("BEGIN IMMEDIATE");
+        if let Err(error) = SqliteTransactionManager::begin(&mut conn, Some(IMMEDIATE)).await {
+            // A database error (another process's write lock past `busy_timeout`) leaves the
+            // connection as it was; any other failure closes it.
+            let reusable = matches!(error, sqlx::Error::Database(_));
+            conn.give_back(reusable);
+            return Err(error);
+        }
         Ok(WriteTransaction {
-            tx: Some(tx),
+            conn: Some(conn),
             turn: Some(turn),
             request,
             rollback_bound: acquire_timeout,
@@ -146,7 +156,7 @@ impl WritePool {
         &self.pool
     }
 
-    /// The pool back (the writer connections close once no clone of this `WritePool` and no
+    /// The pool back (the writer connection closes once no clone of this `WritePool` and no
     /// write transaction of it is left).
     pub fn into_pool(self) -> SqlitePool {
         self.pool
@@ -157,28 +167,125 @@ impl WritePool {
         self.queue.path()
     }
 
-    /// Closes the writer connections and the application's pool (as [`SqlitePool::close`]
+    /// Closes the writer connection and the application's pool (as [`SqlitePool::close`]
     /// does: waits for the connections in use to come back, then closes them).
     pub async fn close(&self) {
         self.pool.close().await;
-        if let Some(writers) = &self.writers {
-            writers.close().await;
+        if let Some(writer) = &self.writer {
+            writer.close().await;
         }
     }
 }
 
-/// The writer pool of `pool`: its connect and pool options, `connections` at most, lazily
-/// opened, never closed for idleness or age, not pinged before use.
-fn writer_pool(pool: &SqlitePool, connections: u32) -> SqlitePool {
-    let options: SqliteConnectOptions = (*pool.connect_options()).clone();
-    let pool_options: SqlitePoolOptions = pool.options().clone();
-    pool_options
-        .max_connections(connections)
-        .min_connections(0)
-        .idle_timeout(None)
-        .max_lifetime(None)
-        .test_before_acquire(false)
-        .connect_lazy_with(options)
+/// The writer connection of one `WritePool` (and its clones).
+struct Writer {
+    /// Opens the connection with the application pool's options and hooks (a pool of one,
+    /// never pinged); the connection is then detached from it and kept in `idle`.
+    opener: SqlitePool,
+    /// The connection between two write transactions (`None` before the first, while one
+    /// runs, or after a failure closed it). Only the turn's holder takes it, so the lock is
+    /// never contended; it is never held across an await.
+    idle: Mutex<Option<SqliteConnection>>,
+}
+
+impl Writer {
+    fn of(pool: &SqlitePool) -> Self {
+        let options: SqliteConnectOptions = (*pool.connect_options()).clone();
+        let pool_options: SqlitePoolOptions = pool.options().clone();
+        let opener = pool_options
+            .max_connections(1)
+            .min_connections(0)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .test_before_acquire(false)
+            .connect_lazy_with(options);
+        Self {
+            opener,
+            idle: Mutex::new(None),
+        }
+    }
+
+    /// The connection, opened if there is none.
+    async fn take(&self) -> Result<SqliteConnection, sqlx::Error> {
+        if let Some(conn) = self.idle().take() {
+            return Ok(conn);
+        }
+        if self.opener.is_closed() {
+            return Err(sqlx::Error::PoolClosed);
+        }
+        // `detach`: the opener forgets it (and could open another), so that it is never
+        // pinged or recycled.
+        Ok(self.opener.acquire().await?.detach())
+    }
+
+    /// The connection back, for the next writer (closed instead once the `WritePool` is).
+    fn put(&self, conn: SqliteConnection) {
+        if !self.opener.is_closed() {
+            *self.idle() = Some(conn);
+        }
+    }
+
+    async fn close(&self) {
+        self.opener.close().await;
+        let idle = self.idle().take();
+        if let Some(conn) = idle {
+            let _ = sqlx::Connection::close(conn).await;
+        }
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, Option<SqliteConnection>> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl fmt::Debug for Writer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Writer")
+            .field("open", &self.idle().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The connection a write transaction runs on, and where it goes back.
+enum Conn {
+    /// The application pool's (`writer_connection(false)`).
+    Pooled(PoolConnection<Sqlite>),
+    /// The `WritePool`'s own, back to its `Writer`.
+    Own(SqliteConnection, Arc<Writer>),
+}
+
+impl Conn {
+    /// Back where it came from, if `reusable` and no transaction is left open on it; closed
+    /// otherwise (the next writer opens a new one).
+    fn give_back(self, reusable: bool) {
+        let clean = reusable && SqliteTransactionManager::get_transaction_depth(&self) == 0;
+        match self {
+            Conn::Pooled(conn) if clean => drop(conn),
+            Conn::Pooled(conn) => drop(conn.detach()),
+            Conn::Own(conn, writer) if clean => writer.put(conn),
+            Conn::Own(conn, _) => drop(conn),
+        }
+    }
+}
+
+impl Deref for Conn {
+    type Target = SqliteConnection;
+
+    fn deref(&self) -> &SqliteConnection {
+        match self {
+            Conn::Pooled(conn) => conn,
+            Conn::Own(conn, _) => conn,
+        }
+    }
+}
+
+impl DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut SqliteConnection {
+        match self {
+            Conn::Pooled(conn) => conn,
+            Conn::Own(conn, _) => conn,
+        }
+    }
 }
 
 /// Reads go to the pool as before: `.fetch_one(&*db)`.
@@ -200,7 +307,7 @@ impl fmt::Debug for WritePool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WritePool")
             .field("pool", &self.pool)
-            .field("writers", &self.writers)
+            .field("writer", &self.writer)
             .field("queue", &self.queue)
             .finish()
     }
@@ -208,12 +315,13 @@ impl fmt::Debug for WritePool {
 
 /// A write transaction begun `IMMEDIATE` in its turn ([`WritePool::begin`]).
 ///
-/// It derefs as sqlx's transaction does, to the connection: `.execute(&mut *tx)`.
-/// [`commit`](Self::commit) commits, gives the turn back and fences the request; dropping it
-/// rolls back and gives the turn back.
+/// It derefs to the connection, as sqlx's transaction does: `.execute(&mut *tx)`, and
+/// `sqlx::Connection::begin(&mut *tx)` for a savepoint. [`commit`](Self::commit) commits,
+/// gives the turn back and fences the request; dropping it rolls back and gives the turn back.
 pub struct WriteTransaction {
-    // Both `Some` until commit or rollback.
-    tx: Option<Transaction<'static, Sqlite>>,
+    /// `Some` until commit or rollback has ended the transaction.
+    conn: Option<Conn>,
+    /// `Some` until the transaction is over and its connection given back.
     turn: Option<Turn>,
     request: Option<Arc<RequestState>>,
     /// How long a dropped transaction's rollback may keep the turn.
@@ -224,58 +332,74 @@ impl WriteTransaction {
     /// Commits, gives the turn back, and, once committed, fences the current request: a
     /// retryable failure after this point is answered as it is, never replayed.
     ///
-    /// A failed commit fences nothing (nothing was committed; sqlx rolls back) and gives the
-    /// turn back too.
+    /// A failed commit fences nothing (nothing was committed), rolls back, and gives the turn
+    /// back too.
     pub async fn commit(mut self) -> Result<(), sqlx::Error> {
-        let tx = self.tx.take().expect("transaction open until commit");
-        let committed = tx.commit().await;
-        if committed.is_ok()
-            && let Some(request) = &self.request
-        {
-            request.fence();
-        }
-        drop(self.turn.take());
+        // NOTE: the connection stays in `self` across the await: if this future is dropped
+        // half-way, `Drop` rolls back (a no-op when the COMMIT already ran) before the turn
+        // goes on.
+        let conn = self.conn.as_mut().expect("transaction open until commit");
+        let committed = SqliteTransactionManager::commit(conn).await;
+        let reusable = match &committed {
+            Ok(()) => {
+                if let Some(request) = &self.request {
+                    request.fence();
+                }
+                true
+            }
+            // The transaction may still be open (a `COMMIT` that met `SQLITE_BUSY`).
+            Err(_) => SqliteTransactionManager::rollback(conn).await.is_ok(),
+        };
+        self.end(reusable);
         committed
     }
 
     /// Rolls back and gives the turn back.
     pub async fn rollback(mut self) -> Result<(), sqlx::Error> {
-        let tx = self.tx.take().expect("transaction open until rollback");
-        let rolled_back = tx.rollback().await;
-        drop(self.turn.take());
+        let conn = self.conn.as_mut().expect("transaction open until rollback");
+        let rolled_back = SqliteTransactionManager::rollback(conn).await;
+        self.end(rolled_back.is_ok());
         rolled_back
     }
 
-    /// sqlx's transaction underneath, for what the deref does not reach.
-    pub fn transaction(&mut self) -> &mut Transaction<'static, Sqlite> {
-        self.tx.as_mut().expect("transaction open until commit")
+    /// The transaction is over: the connection goes back, then the turn.
+    fn end(&mut self, reusable: bool) {
+        if let Some(conn) = self.conn.take() {
+            conn.give_back(reusable);
+        }
+        drop(self.turn.take());
     }
 }
 
 impl Drop for WriteTransaction {
     fn drop(&mut self) {
-        let turn = self.turn.take();
-        let Some(tx) = self.tx.take() else {
-            // Committed or rolled back (or that was cancelled): the turn goes back now.
-            drop(turn);
+        let Some(mut conn) = self.conn.take() else {
+            // Committed or rolled back: the turn went back with it.
+            drop(self.turn.take());
             return;
         };
+        let turn = self.turn.take();
         // Not committed: roll back, and give the turn back once the rollback has run, so that
-        // the next writer (on the other writer connection) does not meet this transaction's
-        // write lock and wait in SQLite's sleeping busy handler. Bounded: a rollback that does
-        // not come back in time gives the turn back anyway (SQLite's `busy_timeout` then
-        // covers the gap). Without a runtime (dropped outside one), sqlx queues the rollback
-        // on the connection as it drops, and the turn goes back at once.
+        // the next writer (on another `WritePool`'s writer connection, or the pool's) does not
+        // meet this transaction's write lock and wait in SQLite's sleeping busy handler.
+        // Bounded: a rollback that does not come back in time closes the connection and gives
+        // the turn back anyway (SQLite's `busy_timeout` then covers the gap). Without a
+        // runtime (dropped outside one), the rollback is queued on the connection, which
+        // closes, and the turn goes back at once.
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 let bound = self.rollback_bound;
                 runtime.spawn(async move {
-                    let _ = tokio::time::timeout(bound, tx.rollback()).await;
+                    let rolled_back =
+                        tokio::time::timeout(bound, SqliteTransactionManager::rollback(&mut conn))
+                            .await;
+                    conn.give_back(matches!(rolled_back, Ok(Ok(()))));
                     drop(turn);
                 });
             }
             Err(_) => {
-                drop(tx);
+                SqliteTransactionManager::start_rollback(&mut conn);
+                conn.give_back(false);
                 drop(turn);
             }
         }
@@ -286,13 +410,13 @@ impl Deref for WriteTransaction {
     type Target = SqliteConnection;
 
     fn deref(&self) -> &SqliteConnection {
-        self.tx.as_ref().expect("transaction open until commit")
+        self.conn.as_ref().expect("transaction open until commit")
     }
 }
 
 impl DerefMut for WriteTransaction {
     fn deref_mut(&mut self) -> &mut SqliteConnection {
-        self.tx.as_mut().expect("transaction open until commit")
+        self.conn.as_mut().expect("transaction open until commit")
     }
 }
 
