@@ -779,3 +779,52 @@ async fn clones_of_a_write_pool_share_one_writer_connection_from_writer_to_write
         tx.rollback().await.unwrap();
     }
 }
+
+/// A `begin` dropped while its `BEGIN IMMEDIATE` waits out another connection's write lock
+/// (the request cancelled, the client gone) leaves no transaction behind: once the other
+/// writer is done, the next write transaction begins and commits, and no write lock is left
+/// held on the file. Cancelled at several points of the wait (the property holds at any). The
+/// cancelled `BEGIN` still runs to its end on the connection's worker once the lock is free;
+/// the transaction, which owns the connection from before the `BEGIN`, rolls it back before
+/// the turn goes on (as sqlx's own `Transaction::begin` does), so the writer connection is
+/// handed on clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_begin_cancelled_while_it_waits_for_the_lock_leaves_no_transaction_behind() {
+    let db = TestDb::new();
+    let writes = WritePool::new(pool(&db, 2, Duration::from_secs(2)).await);
+    let other = pool(&db, 1, Duration::from_secs(2)).await;
+    for (round, wait) in [0u64, 1, 5, 20, 100].into_iter().enumerate() {
+        let mut held = other
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .expect("the other lock");
+        sqlx::query("INSERT INTO items (seq, name) VALUES (-1, 'other')")
+            .execute(&mut *held)
+            .await
+            .unwrap();
+        let waiting = tokio::spawn({
+            let writes = writes.clone();
+            async move { writes.begin().await.map(drop) }
+        });
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+        waiting.abort();
+        assert!(
+            waiting.await.unwrap_err().is_cancelled(),
+            "round {round}: still waiting"
+        );
+        held.rollback().await.unwrap();
+
+        let seq = tokio::time::timeout(Duration::from_secs(5), append(&writes, "after"))
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: the next writer waited 5 s"))
+            .unwrap_or_else(|e| panic!("round {round}: the next writer failed: {e}"));
+        assert_eq!(seq, round as i64 + 1);
+        // Nothing holds the write lock now: a writer outside the queue gets it at once.
+        let mut free = other
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .expect("no lock left");
+        sqlx::query("SELECT 1").execute(&mut *free).await.unwrap();
+        free.rollback().await.unwrap();
+    }
+}

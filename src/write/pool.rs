@@ -129,26 +129,31 @@ impl WritePool {
             .take(holder, || bound(deadline, acquire_timeout))
             .await
             .ok_or(sqlx::Error::PoolTimedOut)?;
-        // Only now a connection: waiting writers never hold one. A failure from here on gives
-        // the turn back (it drops with `turn`).
-        let mut conn = match &self.writer {
+        // Only now a connection: waiting writers never hold one. A failure here gives the turn
+        // back (it drops with `turn`).
+        let conn = match &self.writer {
             Some(writer) => Conn::Own(writer.take().await?, Arc::clone(writer)),
             None => Conn::Pooled(self.pool.acquire().await?),
         };
-        const IMMEDIATE: SqlStr = SqlStr::from_static("BEGIN IMMEDIATE");
-        if let Err(error) = SqliteTransactionManager::begin(&mut conn, Some(IMMEDIATE)).await {
-            // A database error (another process's write lock past `busy_timeout`) leaves the
-            // connection as it was; any other failure closes it.
-            let reusable = matches!(error, sqlx::Error::Database(_));
-            conn.give_back(reusable);
-            return Err(error);
-        }
-        Ok(WriteTransaction {
+        // NOTE: from here the transaction owns the connection and the turn, so that a `begin`
+        // dropped half-way (its request cancelled while `BEGIN IMMEDIATE` waits out another
+        // process's lock) rolls back through `Drop`, after the `BEGIN` on the connection's
+        // worker, before the turn goes on.
+        let mut tx = WriteTransaction {
             conn: Some(conn),
             turn: Some(turn),
             request,
             rollback_bound: acquire_timeout,
-        })
+        };
+        const IMMEDIATE: SqlStr = SqlStr::from_static("BEGIN IMMEDIATE");
+        let conn = tx.conn.as_mut().expect("just set");
+        if let Err(error) = SqliteTransactionManager::begin(conn, Some(IMMEDIATE)).await {
+            // A database error (another process's write lock past `busy_timeout`) leaves the
+            // connection as it was; any other failure closes it.
+            tx.end(matches!(error, sqlx::Error::Database(_)));
+            return Err(error);
+        }
+        Ok(tx)
     }
 
     /// The pool, for reads (they take no turn) and anything else.
