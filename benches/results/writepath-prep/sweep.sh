@@ -1,0 +1,8 @@
+#!/bin/bash
+# The write path against BEGIN IMMEDIATE as the handler's work outside its transaction shrinks:
+# how far the machine's CPU, rather than the write lock, decides the ratio.
+for prep in 0 50 100 200 300; do
+  cargo bench --features sqlite-write --bench writepath -- --rounds 3 --duration 4 \
+    --prep-us $prep --connections 64,256 --loads writes --configs immediate,layer-write \
+    --out benches/results/writepath-prep/prep-$prep
+done
