@@ -66,8 +66,8 @@ impl WritePool {
     /// (`acquire_timeout`, `after_connect`), and then kept by the `WritePool` itself, outside
     /// any pool: between two writers it is not pinged, not recycled for being idle or old,
     /// and hands over from one writer to the next with no round trip. It is one more SQLite
-    /// connection on the file: one file handle, its own page cache (which stays warm, since
-    /// only it writes). One is always enough: only the turn's holder uses it.
+    /// connection on the file: one file handle, its own page cache (which stays warm while no
+    /// other connection writes). One is always enough: only the turn's holder uses it.
     ///
     /// A connection that fails (anything but a database error, or a transaction it could not
     /// end) is closed, and the next writer opens a new one.
