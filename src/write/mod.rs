@@ -60,6 +60,18 @@
 //!   such a wait ends at the pool's `acquire_timeout`.
 //! - Reads need no turn: read from [`WritePool::pool`][pool] (or `&*db`), as before.
 //!
+//! # In a store
+//!
+//! A store that holds the pool and hands `&self.db` to functions generic over sqlx's
+//! `Executor` (reads, single-statement writes) can keep its `SqlitePool` for those and hold a
+//! `WritePool` beside it for its transactions, made from the same pool
+//! (`WritePool::new(pool.clone())`): `self.db.begin_with("BEGIN IMMEDIATE")` becomes
+//! `self.writes.begin()`, and nothing else changes. A helper that took the transaction as
+//! `&mut Transaction<'_, Sqlite>` takes `&mut SqliteConnection` instead (callers keep
+//! `&mut tx`, which derefs to it; inside, `&mut **tx` becomes `&mut *tx`). A single statement
+//! run on the pool outside a transaction is a transaction of its own that begins with its
+//! write, so SQLite's `busy_timeout` covers it without the turn.
+//!
 //! Pair it with WAL (`journal_mode(Wal)`), a `busy_timeout` of a few seconds (for writers in
 //! other processes), and `synchronous(Normal)`.
 //!
