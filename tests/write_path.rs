@@ -828,3 +828,44 @@ async fn a_begin_cancelled_while_it_waits_for_the_lock_leaves_no_transaction_beh
         free.rollback().await.unwrap();
     }
 }
+
+/// Store code shaped like a real CalDAV server's: reads through the store's own `SqlitePool`,
+/// transactions through a `WritePool` beside it, and a helper that logs the change on the
+/// open transaction, taking `&mut SqliteConnection` (callers pass `&mut tx`).
+#[tokio::test]
+async fn a_store_keeps_its_pool_for_reads_and_a_write_pool_beside_it() {
+    struct Store {
+        db: SqlitePool,
+        writes: WritePool,
+    }
+    async fn log_change(tx: &mut sqlx::SqliteConnection, name: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("INSERT INTO items (seq, name) VALUES ((SELECT COALESCE(MAX(seq), 0) + 1 FROM items), ?)")
+            .bind(format!("log {name}"))
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
+    impl Store {
+        async fn put(&self, name: &str) -> Result<(), sqlx::Error> {
+            let mut tx = self.writes.begin().await?;
+            sqlx::query("INSERT INTO items (seq, name) VALUES ((SELECT COALESCE(MAX(seq), 0) + 1 FROM items), ?)")
+                .bind(name)
+                .execute(&mut *tx)
+                .await?;
+            log_change(&mut tx, name).await?;
+            tx.commit().await
+        }
+        async fn count(&self) -> i64 {
+            count(&self.db).await
+        }
+    }
+    let db = TestDb::new();
+    let pool = pool(&db, 2, Duration::from_secs(5)).await;
+    let store = Store {
+        writes: WritePool::new(pool.clone()),
+        db: pool,
+    };
+    store.put("a").await.unwrap();
+    store.put("b").await.unwrap();
+    assert_eq!(store.count().await, 4);
+}
