@@ -82,6 +82,11 @@
 //! holds one fails at once with `Error::InvalidArgument`; use a savepoint,
 //! `sqlx::Connection::begin(&mut *tx)`), and the wait ends with `Error::PoolTimedOut`
 //! (retryable) at the request's deadline or the pool's `acquire_timeout`.
+//!
+//! A store that hands `&self.db` to functions generic over sqlx's `Executor` keeps its
+//! `SqlitePool` for those and holds a `WritePool` beside it for its transactions
+//! (`WritePool::new(pool.clone())`); a helper that took `&mut Transaction<'_, Sqlite>` takes
+//! `&mut SqliteConnection` instead, and its callers keep passing `&mut tx`.
 
 use std::borrow::Cow;
 use std::fmt;
