@@ -26,12 +26,17 @@ use tower_sqlite_retry_sqlx08::WritePool;
 /// A fresh database file in a temporary directory, with the `items` table.
 struct TestDb {
     dir: tempfile::TempDir,
+    /// One connection open for the test's whole life: the last connection to close removes
+    /// the WAL's files, and the next one to open recreates them under an exclusive lock,
+    /// which a connection opened at the same moment with a busy timeout of 0 would meet.
+    keeper: Option<SqlitePool>,
 }
 
 impl TestDb {
     async fn new() -> Self {
-        let db = Self {
+        let mut db = Self {
             dir: tempfile::tempdir().expect("tempdir"),
+            keeper: None,
         };
         let pool = db.pool(1, Duration::from_secs(5)).await;
         sqlx::query(
@@ -41,7 +46,7 @@ impl TestDb {
         .execute(&pool)
         .await
         .expect("schema");
-        pool.close().await;
+        db.keeper = Some(pool);
         db
     }
 
@@ -49,6 +54,9 @@ impl TestDb {
         self.dir.path().join("app.db")
     }
 
+    /// A pool of `connections` (WAL, the given busy timeout), all opened up front: a
+    /// connection opened later, while another holds a lock, would meet it in its set-up
+    /// pragmas (with a busy timeout of 0, `database is locked`).
     async fn pool(&self, connections: u32, busy_timeout: Duration) -> SqlitePool {
         let options = SqliteConnectOptions::new()
             .filename(self.path())
@@ -57,6 +65,7 @@ impl TestDb {
             .busy_timeout(busy_timeout);
         SqlitePoolOptions::new()
             .max_connections(connections)
+            .min_connections(connections)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await
