@@ -13,7 +13,9 @@ use axum::extract::FromRequestParts;
 
 use crate::admission::{Admitted, RouteLimit};
 
+mod in_request;
 mod slot;
+pub use in_request::{InRequest, in_request};
 use slot::{HoldsSlot, SlotState};
 
 /// The synchronization types `slot.rs` uses: std's here, shuttle's in its model test.
@@ -214,7 +216,6 @@ pub(crate) fn with_current<R>(state: &Arc<RequestState>, f: impl FnOnce() -> R) 
 }
 
 /// The request whose handler is being polled on this thread (inside [`with_current`]).
-#[allow(dead_code, reason = "the write path's wait for its turn reads it")]
 pub(crate) fn current_request() -> Option<Arc<RequestState>> {
     CURRENT.with(|c| {
         let current = c.take();

@@ -143,7 +143,7 @@ mod service;
 pub mod write;
 
 pub use admission::{Admission, AdmissionLimit};
-pub use attempt::{Attempt, Outcome, RetryOutcome};
+pub use attempt::{Attempt, InRequest, Outcome, RetryOutcome, in_request};
 pub use body::ReplayBody;
 #[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]
 pub use classify::SqlxErrors;
@@ -195,6 +195,8 @@ mod traits {
         assert_send::<ReplayBody<Body>>();
         assert_send::<ReplayBody<hyper::body::Incoming>>();
         assert_send::<Attempt>();
+        assert_send::<InRequest<std::future::Ready<()>>>();
+        assert_sync::<InRequest<std::future::Ready<()>>>();
         assert_sync::<Attempt>();
         assert_send::<RetryMetrics>();
         assert_sync::<RetryMetrics>();

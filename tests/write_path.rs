@@ -82,7 +82,6 @@ async fn many_concurrent_writers_never_fail_and_nothing_is_lost_or_doubled() {
     let db = TestDb::new();
     let a = WritePool::new(pool(&db, 4, Duration::ZERO).await);
     let b = WritePool::new(pool(&db, 4, Duration::ZERO).await);
-    assert_eq!(a.path(), b.path());
     let no_replay = SqliteRetryLayer::new(RetryPolicy::default().max_attempts(1));
     let app = |db: WritePool| {
         Router::new()
@@ -90,7 +89,7 @@ async fn many_concurrent_writers_never_fail_and_nothing_is_lost_or_doubled() {
             .layer(no_replay.clone())
             .with_state(db)
     };
-    let (server_a, server_b) = (serve(app(a.clone())).await, serve(app(b)).await);
+    let (server_a, server_b) = (serve(app(a.clone())).await, serve(app(b.clone())).await);
     let clients = [
         HttpClient::new(server_a.addr),
         HttpClient::new(server_b.addr),
@@ -116,6 +115,8 @@ async fn many_concurrent_writers_never_fail_and_nothing_is_lost_or_doubled() {
         .await
         .unwrap();
     assert_eq!(names, 200);
+    assert!(a.path().is_some());
+    assert_eq!(a.path(), b.path(), "one file, one queue");
 }
 
 /// A policy that replays at once, up to three attempts.
@@ -531,10 +532,10 @@ async fn write_queue_shares_the_turn_and_its_commit_fences() {
     let pool = pool(&db, 2, Duration::from_secs(5)).await;
     let queue = WriteQueue::for_file(&db.path);
     let writes = WritePool::new(pool.clone());
-    assert_eq!(queue.path(), writes.path());
 
     // One queue: while the write path holds the turn, the queue has none to give.
     let held = writes.begin().await.unwrap();
+    assert_eq!(Some(queue.path()), writes.path());
     assert_eq!(
         queue.turn(Duration::ZERO).await.unwrap_err(),
         TurnError::TimedOut

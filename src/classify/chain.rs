@@ -79,8 +79,17 @@ use super::Retryable;
 /// assert!(classify_error_chain(&*report).is_some());
 /// ```
 pub fn classify_error_chain(error: &(dyn Error + 'static)) -> Option<Retryable> {
+    // NOTE: a chain is walked at most `MAX_LINKS` deep, and a link met before (an error that
+    // is its own source, or a loop further down) ends it: a request is always answered.
+    let mut seen = [std::ptr::null::<()>(); MAX_LINKS];
     let mut link = Some(error);
-    while let Some(error) = link {
+    for slot in 0..MAX_LINKS {
+        let Some(error) = link else { break };
+        let address = error as *const dyn Error as *const ();
+        if seen[..slot].contains(&address) {
+            break;
+        }
+        seen[slot] = address;
         if let Some(verdict) = classify_link(error) {
             return verdict;
         }
@@ -88,6 +97,9 @@ pub fn classify_error_chain(error: &(dyn Error + 'static)) -> Option<Retryable> 
     }
     None
 }
+
+/// How deep [`classify_error_chain`] walks a `source()` chain (real ones are a handful deep).
+const MAX_LINKS: usize = 32;
 
 /// Inserts into `response` the [`Retryable`] marker of the first database error in `error`'s
 /// chain (see [`classify_error_chain`]), if it is retryable, so that the layer replays the
@@ -150,28 +162,41 @@ fn classify_link(error: &(dyn Error + 'static)) -> Option<Option<Retryable>> {
     if let Some(e) = error.downcast_ref::<sqlx_0_8::mysql::MySqlDatabaseError>() {
         return Some(super::classify_mysql_code(e.number()));
     }
+    // sqlx 0.9's `SqliteError` by its type, where this build has it.
+    #[cfg(feature = "sqlite-write")]
+    if let Some(e) = error.downcast_ref::<sqlx_sqlite::SqliteError>() {
+        use ::sqlx::error::DatabaseError;
+        let code = e
+            .code()
+            .as_deref()
+            .and_then(super::sqlite::sqlx_sqlite_code)?;
+        return Some(super::classify_sqlite_in_request(code, e.message()));
+    }
     #[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]
     if let Some((code, message)) = sqlx_sqlite_error(error) {
-        return Some(super::classify_sqlite_code(code, &message));
+        return Some(super::classify_sqlite_in_request(code, &message));
     }
     None
 }
 
-/// The extended result code and the message of sqlx's `SqliteError` (0.8 or 0.9), which this
-/// crate cannot name (see the `sqlite` table's documentation): read from its derived `Debug`,
-/// `SqliteError { code: 517, message: "..." }`, the same shape by which the sqlx bindings
-/// recognise it. A message with characters that `Debug` escapes reads as empty (SQLite's own
-/// messages that the table compares have none).
+/// The extended result code and the message of sqlx's `SqliteError` (0.8, or 0.9 in a build
+/// without `sqlite-write`), which this crate cannot name (see the `sqlite` table's
+/// documentation). It is met in a chain behind an application's `#[error(transparent)]`
+/// wrapper of a `sqlx::Error` (which forwards `source()` past the sqlx error). Recognised by
+/// both of what sqlx prints of it, which must agree: its derived `Debug`,
+/// `SqliteError { code: 517, message: "..." }`, whole, and its `Display`, `(code: 517) ...`,
+/// with the same code and message. Another type is read as SQLite's only if it prints exactly
+/// what sqlx's `SqliteError` prints, both ways.
 #[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]
 fn sqlx_sqlite_error(error: &(dyn Error + 'static)) -> Option<(i32, String)> {
     let debug = format!("{error:?}");
     let rest = debug.strip_prefix("SqliteError { code: ")?;
     let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
     let code: i32 = rest[..digits].parse().ok()?;
-    let message = rest[digits..]
-        .strip_prefix(", message: \"")
-        .and_then(|m| m.strip_suffix("\" }"))
-        .filter(|m| !m.contains(['\\', '"']))
-        .unwrap_or_default();
-    Some((code, message.to_owned()))
+    let quoted = rest[digits..]
+        .strip_prefix(", message: ")?
+        .strip_suffix(" }")?;
+    let display = error.to_string();
+    let message = display.strip_prefix(&format!("(code: {code}) "))?;
+    (format!("{message:?}") == quoted).then(|| (code, message.to_owned()))
 }

@@ -401,7 +401,7 @@ impl Coded<'_> {
     /// The marker, if the error is worth a replay.
     pub(crate) fn classify(&self) -> Option<Retryable> {
         match &self.backend {
-            Backend::Sqlite(code) => classify_sqlite_code(*code, self.message),
+            Backend::Sqlite(code) => classify_sqlite_in_request(*code, self.message),
             Backend::Postgres(sqlstate) => classify_postgres_code(sqlstate),
             Backend::MySql { number, .. } => classify_mysql_code(*number),
             Backend::Unknown(_) => None,
@@ -452,6 +452,33 @@ impl Coded<'_> {
             Backend::Unknown(code) => code.as_deref().unwrap_or_default().to_owned(),
         }
     }
+}
+
+/// SQLite's table, and one fact only the request knows: a `SQLITE_BUSY` met while the request
+/// holds a write transaction open (the turn of a `WriteTransaction` or a `WriteTurn`) is the request's own lock, met by a write outside that transaction (through the
+/// pool, say). A replay would meet it again, after `busy_timeout` again: not retryable, and
+/// said at ERROR, since only the code can fix it.
+#[cfg(any(
+    feature = "sqlx",
+    feature = "sqlx-0_8",
+    feature = "rusqlite",
+    feature = "libsql"
+))]
+pub(crate) fn classify_sqlite_in_request(code: i32, message: &str) -> Option<Retryable> {
+    let verdict = classify_sqlite_code(code, message);
+    if verdict.is_some() && code & 0xff == 5 && crate::write::current_request_holds_a_turn() {
+        tracing::event!(
+            target: "tower_sqlite_retry",
+            tracing::Level::ERROR,
+            db.response.status_code = code,
+            db.response.status_name = sqlite_code_name(code),
+            "SQLITE_BUSY while this request holds a write transaction open: a write outside \
+             the transaction (through the pool) waited for the transaction's own lock; run it \
+             on the transaction (`&mut *tx`). Not replayed: a replay would wait again"
+        );
+        return None;
+    }
+    verdict
 }
 
 /// What a constraint violation says about the request, and so the status

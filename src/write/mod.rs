@@ -174,12 +174,37 @@
     doc = "[commit]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WriteTransaction.html#method.commit"
 )]
 
-#[cfg(feature = "sqlite-write")]
+mod driver;
 mod pool;
 mod queue;
+#[cfg(feature = "sqlite-write")]
+mod sqlx;
+mod transaction;
 mod turn;
 
 #[cfg(feature = "sqlite-write")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite-write")))]
-pub use pool::{WritePool, WriteTransaction};
+pub use self::sqlx::{WritePool, WriteTransaction};
 pub use queue::{TurnError, WriteQueue, WriteTurn};
+
+/// The one implementation of the write path, generic over the driver: what
+/// `tower-sqlite-retry-sqlx08` builds sqlx 0.8's `WritePool` on. Not a public API: it may
+/// change in any release.
+#[doc(hidden)]
+pub mod shared {
+    pub use super::driver::Driver;
+    pub use super::pool::WritePool;
+    pub use super::transaction::Transaction;
+}
+
+/// The synchronization the turn's holder uses: std's here, shuttle's in the model check.
+mod sync {
+    pub(super) use std::sync::atomic::{AtomicUsize, Ordering};
+}
+
+/// Whether the request being polled on this thread holds a write transaction open (the turn
+/// of some database): a `SQLITE_BUSY` it meets then is its own lock, met by a write outside
+/// that transaction, and a replay would meet it again.
+pub(crate) fn current_request_holds_a_turn() -> bool {
+    crate::attempt::current_request().is_some_and(|request| turn::held_by(&request))
+}

@@ -6,11 +6,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use crate::attempt::current_request;
 
-#[allow(unused_imports)] // the stand-in's `fence`/`deadline` (inherent in the real one)
-use crate::attempt::{RequestState, current_request};
-
+use super::transaction::bound;
 use super::turn::{Queue, Turn};
 
 /// The write turn of one database file, for drivers the write path has no pool type for
@@ -38,50 +36,35 @@ impl WriteQueue {
     /// it is).
     pub fn for_file(path: impl AsRef<Path>) -> Self {
         Self {
-            queue: Queue::of(path.as_ref()),
+            queue: Queue::of_file(path.as_ref()),
         }
     }
 
     /// The file's canonical path.
     pub fn path(&self) -> &Path {
-        self.queue.path()
+        self.queue
+            .path()
+            .expect("a file's queue has the file's path")
     }
 
     /// Waits for the turn, in arrival order, for at most `limit` and never past the current
-    /// request's deadline (under the layer).
+    /// request's deadline (under the layer, or in a task wrapped in
+    /// [`in_request`](crate::in_request)).
     ///
     /// Fails at once with [`TurnError::HeldByThisRequest`] if the current request already
     /// holds this file's turn (it would wait for itself).
     pub async fn turn(&self, limit: Duration) -> Result<WriteTurn, TurnError> {
         let request = current_request();
-        let holder = holder_of(request.as_ref());
-        if self.queue.is_held_by(holder) {
+        if self.queue.is_held_by(request.as_ref()) {
             return Err(TurnError::HeldByThisRequest);
         }
         let deadline = request.as_ref().and_then(|r| r.deadline());
         let turn = self
             .queue
-            .take(holder, || bound(deadline, limit))
+            .take(request, || bound(deadline, limit))
             .await
             .ok_or(TurnError::TimedOut)?;
-        Ok(WriteTurn {
-            turn: Some(turn),
-            request,
-        })
-    }
-}
-
-/// The identity of a request in the queue's `holder`: its state's address, 0 for none.
-pub(crate) fn holder_of(request: Option<&Arc<RequestState>>) -> usize {
-    request.map_or(0, |r| Arc::as_ptr(r) as usize)
-}
-
-/// The earlier of `deadline` and `limit` from now.
-pub(crate) fn bound(deadline: Option<Instant>, limit: Duration) -> Option<Instant> {
-    let limit = Instant::now().checked_add(limit);
-    match (deadline, limit) {
-        (Some(d), Some(l)) => Some(d.min(l)),
-        (d, l) => d.or(l),
+        Ok(WriteTurn { turn })
     }
 }
 
@@ -96,18 +79,16 @@ impl fmt::Debug for WriteQueue {
 /// The turn to write to one database file, held until [`committed`](Self::committed) or
 /// dropped (after a rollback, or a failure): either gives it to the next in line.
 pub struct WriteTurn {
-    turn: Option<Turn>,
-    request: Option<Arc<RequestState>>,
+    turn: Turn,
 }
 
 impl WriteTurn {
     /// The transaction committed: fences the current request (no replay after this point)
     /// and gives the turn back.
-    pub fn committed(mut self) {
-        if let Some(request) = &self.request {
+    pub fn committed(self) {
+        if let Some(request) = self.turn.request() {
             request.fence();
         }
-        drop(self.turn.take());
     }
 }
 
@@ -115,7 +96,6 @@ impl fmt::Debug for WriteTurn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WriteTurn")
             .field("turn", &self.turn)
-            .field("in_request", &self.request.is_some())
             .finish()
     }
 }

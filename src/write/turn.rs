@@ -1,35 +1,79 @@
-//! The turn: one in-process FIFO queue per database file, and the registry that makes every
-//! pool on one file share it.
+//! The turn: one in-process FIFO queue per database, and the registry that makes every pool on
+//! one database share it.
+//!
+//! Two facts live here and nowhere else: *which database* a queue serializes (its [`Key`]),
+//! and *which request* holds its turn (the holder, named by the request's state, which the
+//! [`Turn`] keeps alive so that its address cannot be reused while anything names it).
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use tokio::sync::{Semaphore, TryAcquireError};
 use tokio::time::Instant;
 
-/// The queues by canonical database path. Weak: a queue lives as long as a `WritePool` (or a
-/// turn) on its file does; dead entries are swept when a new queue is made.
-static QUEUES: LazyLock<Mutex<HashMap<PathBuf, Weak<Queue>>>> = LazyLock::new(Default::default);
+use crate::attempt::RequestState;
 
-/// The write queue of one database file.
+use super::sync::{AtomicUsize, Ordering};
+
+/// The queues by key. Weak: a queue lives as long as a `WritePool` (or a turn) on its database
+/// does; dead entries are swept when a new queue is made.
+static QUEUES: LazyLock<Mutex<HashMap<Key, Weak<Queue>>>> = LazyLock::new(Default::default);
+
+fn queues() -> std::sync::MutexGuard<'static, HashMap<Key, Weak<Queue>>> {
+    QUEUES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Which database a queue serializes.
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Key {
+    /// A database file, by its canonical path: every pool (and `WriteQueue`) on the file in
+    /// this process shares its queue.
+    File(PathBuf),
+    /// A database only one pool can reach (in memory, or a temporary one), by the address of
+    /// a value that pool's clones share. The queue keeps that value alive (its `anchor`), so
+    /// the address names no other pool while the queue lives.
+    Private(usize),
+}
+
+/// The write queue of one database.
 pub(crate) struct Queue {
     /// One permit: the turn. tokio's semaphore is FIFO (a released permit goes to the oldest
     /// waiter), and a waiter that gives up (dropped, or past its bound) leaves the line.
     turn: Semaphore,
-    /// Who holds the turn: the address of its request's state, or 0 (no request, or free).
+    /// Who holds the turn: the address of its request's state, or 0 (no request, nobody, or a
+    /// transaction being rolled back after its request let go). The `Turn` that set it keeps
+    /// the state alive until it clears it.
     holder: AtomicUsize,
-    path: PathBuf,
+    /// The file, for a file's queue.
+    path: Option<PathBuf>,
+    /// What the `Private` key is the address of.
+    _anchor: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 impl Queue {
     /// The queue of the database file at `path` (canonicalized), shared with every other pool
     /// on that file in this process.
-    pub(crate) fn of(path: &Path) -> Arc<Queue> {
-        let key = canonical(path);
-        let mut queues = QUEUES.lock().unwrap_or_else(|e| e.into_inner());
+    pub(crate) fn of_file(path: &Path) -> Arc<Queue> {
+        let path = canonical(path);
+        Self::registered(Key::File(path.clone()), Some(path), None)
+    }
+
+    /// The queue of a database that only the pool `anchor` stands for can reach (an in-memory
+    /// or temporary database): shared by whatever holds the same `anchor`, by nothing else.
+    pub(crate) fn of_private(anchor: Arc<dyn Any + Send + Sync>) -> Arc<Queue> {
+        let key = Key::Private(Arc::as_ptr(&anchor) as *const () as usize);
+        Self::registered(key, None, Some(anchor))
+    }
+
+    fn registered(
+        key: Key,
+        path: Option<PathBuf>,
+        anchor: Option<Arc<dyn Any + Send + Sync>>,
+    ) -> Arc<Queue> {
+        let mut queues = queues();
         if let Some(queue) = queues.get(&key).and_then(Weak::upgrade) {
             return queue;
         }
@@ -37,27 +81,28 @@ impl Queue {
         let queue = Arc::new(Queue {
             turn: Semaphore::new(1),
             holder: AtomicUsize::new(0),
-            path: key.clone(),
+            path,
+            _anchor: anchor,
         });
         queues.insert(key, Arc::downgrade(&queue));
         queue
     }
 
-    /// The file this queue serializes writers of.
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
+    /// The file this queue serializes writers of (`None` for an in-memory database).
+    pub(crate) fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
     }
 
-    /// Whether the request `holder` (non-zero) holds the turn now.
-    pub(crate) fn is_held_by(&self, holder: usize) -> bool {
-        holder != 0 && self.holder.load(Ordering::Acquire) == holder
+    /// Whether `request` holds the turn now.
+    pub(crate) fn is_held_by(&self, request: Option<&Arc<RequestState>>) -> bool {
+        request.is_some_and(|r| self.holder.load(Ordering::Acquire) == address(r))
     }
 
     /// Waits for the turn, in arrival order, until `until()` (asked only if the turn is not
     /// free at once). `None` when the bound passed first: the wait left the line.
     pub(crate) async fn take(
         self: &Arc<Self>,
-        holder: usize,
+        request: Option<Arc<RequestState>>,
         until: impl FnOnce() -> Option<Instant>,
     ) -> Option<Turn> {
         let permit = match self.turn.try_acquire() {
@@ -75,11 +120,27 @@ impl Queue {
         // NOTE: from here to the `Turn` there is no await: the permit cannot be lost between.
         // The `Turn` gives it back (once, in its `Drop`).
         permit.forget();
-        self.holder.store(holder, Ordering::Release);
+        self.holder
+            .store(request.as_ref().map_or(0, address), Ordering::Release);
         Some(Turn {
             queue: Arc::clone(self),
+            request,
         })
     }
+}
+
+/// A request's name in a queue's `holder`.
+fn address(request: &Arc<RequestState>) -> usize {
+    Arc::as_ptr(request) as usize
+}
+
+/// Whether `request` holds the turn of any database in this process now (it has a write
+/// transaction open). Walks the registry: for the error path only.
+pub(crate) fn held_by(request: &Arc<RequestState>) -> bool {
+    queues()
+        .values()
+        .filter_map(Weak::upgrade)
+        .any(|queue| queue.is_held_by(Some(request)))
 }
 
 impl fmt::Debug for Queue {
@@ -91,14 +152,35 @@ impl fmt::Debug for Queue {
     }
 }
 
-/// The turn of one write transaction: given back when dropped, to the next in line.
+/// The turn of one write transaction, and the request it belongs to: given back when dropped,
+/// to the next in line.
 pub(crate) struct Turn {
     queue: Arc<Queue>,
+    /// The request that holds the turn (named in the queue's `holder` while this is `Some`).
+    request: Option<Arc<RequestState>>,
+}
+
+impl Turn {
+    /// The request this turn was taken for, if it is still named as its holder.
+    pub(crate) fn request(&self) -> Option<&Arc<RequestState>> {
+        self.request.as_ref()
+    }
+
+    /// The request lets go of the turn, which stays taken (a rollback still runs in it): the
+    /// request may queue for the turn again, behind that rollback, instead of being told it
+    /// already holds it.
+    pub(crate) fn release_request(&mut self) {
+        if self.request.take().is_some() {
+            self.queue.holder.store(0, Ordering::Release);
+        }
+    }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        self.queue.holder.store(0, Ordering::Release);
+        // NOTE: the holder is cleared before the request's state can be freed (it is a field
+        // of `self`, dropped after this body), and before the permit goes to the next in line.
+        self.release_request();
         self.queue.turn.add_permits(1);
     }
 }
@@ -107,13 +189,14 @@ impl fmt::Debug for Turn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Turn")
             .field("path", &self.queue.path)
+            .field("in_request", &self.request.is_some())
             .finish()
     }
 }
 
 /// The key of a database file: its canonical path (symbolic links and `..` resolved), so that
 /// two spellings of one file share a queue. A file not created yet: its directory's canonical
-/// path and its name. Anything else (an in-memory database's name): the name as it is.
+/// path and its name. Anything else: the path as it is.
 fn canonical(path: &Path) -> PathBuf {
     if let Ok(p) = std::fs::canonicalize(path) {
         return p;
@@ -142,10 +225,10 @@ mod tests {
         std::fs::write(&file, b"").unwrap();
         let other = dir.path().join(".").join("sub").join("..").join("a.db");
         std::fs::create_dir(dir.path().join("sub")).unwrap();
-        let a = Queue::of(&file);
-        let b = Queue::of(&other);
+        let a = Queue::of_file(&file);
+        let b = Queue::of_file(&other);
         assert!(Arc::ptr_eq(&a, &b));
-        let c = Queue::of(&dir.path().join("b.db"));
+        let c = Queue::of_file(&dir.path().join("b.db"));
         assert!(!Arc::ptr_eq(&a, &c));
     }
 
@@ -153,16 +236,48 @@ mod tests {
     fn a_file_not_created_yet_keeps_its_queue_once_created() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("later.db");
-        let before = Queue::of(&file);
+        let before = Queue::of_file(&file);
         std::fs::write(&file, b"").unwrap();
-        let after = Queue::of(&file);
+        let after = Queue::of_file(&file);
         assert!(Arc::ptr_eq(&before, &after));
+    }
+
+    #[test]
+    fn private_databases_share_a_queue_only_through_their_anchor() {
+        let anchor: Arc<dyn Any + Send + Sync> = Arc::new(1u8);
+        let a = Queue::of_private(anchor.clone());
+        let b = Queue::of_private(anchor);
+        assert!(Arc::ptr_eq(&a, &b));
+        let c = Queue::of_private(Arc::new(1u8));
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert_eq!(a.path(), None);
+    }
+
+    #[tokio::test]
+    async fn a_request_named_by_a_turn_is_never_confused_with_another() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = Queue::of_file(&dir.path().join("id.db"));
+        let first = Arc::new(RequestState::new(1, 0, None));
+        let mut turn = queue.take(Some(first.clone()), || None).await.unwrap();
+        assert!(queue.is_held_by(Some(&first)));
+        // The request lets go (its transaction is being rolled back) and ends; the turn still
+        // runs. A request allocated now is not its holder, whatever its address.
+        turn.release_request();
+        drop(first);
+        let later = Arc::new(RequestState::new(1, 0, None));
+        assert!(!queue.is_held_by(Some(&later)));
+        assert!(!held_by(&later));
+        drop(turn);
+        let turn = queue.take(Some(later.clone()), || None).await.unwrap();
+        assert!(held_by(&later));
+        drop(turn);
+        assert!(!held_by(&later));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn the_turn_is_held_by_one_at_a_time_and_never_lost() {
         let dir = tempfile::tempdir().unwrap();
-        let queue = Queue::of(&dir.path().join("stress.db"));
+        let queue = Queue::of_file(&dir.path().join("stress.db"));
         let inside = Arc::new(AtomicUsize::new(0));
         let mut tasks = Vec::new();
         for i in 0..32usize {
@@ -170,14 +285,15 @@ mod tests {
             let inside = inside.clone();
             tasks.push(tokio::spawn(async move {
                 for _ in 0..200 {
+                    let request = Arc::new(RequestState::new(i, 0, None));
                     // Every third waiter gives up at once (its bound has passed): it must leave
                     // the line without taking or losing the turn.
                     let bound = (i % 3 == 0).then(Instant::now);
-                    let Some(turn) = queue.take(i + 1, move || bound).await else {
+                    let Some(turn) = queue.take(Some(request.clone()), move || bound).await else {
                         continue;
                     };
                     assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0);
-                    assert!(queue.is_held_by(i + 1));
+                    assert!(queue.is_held_by(Some(&request)));
                     tokio::task::yield_now().await;
                     assert_eq!(inside.fetch_sub(1, Ordering::SeqCst), 1);
                     drop(turn);
@@ -188,6 +304,6 @@ mod tests {
             t.await.unwrap();
         }
         assert_eq!(queue.turn.available_permits(), 1);
-        assert!(!queue.is_held_by(1));
+        assert_eq!(queue.holder.load(Ordering::SeqCst), 0);
     }
 }

@@ -1,0 +1,96 @@
+//! What the write path needs of a SQLite driver: the one seam between the write path's single
+//! implementation and each sqlx version (0.9 here, 0.8 in the companion crate
+//! `tower-sqlite-retry-sqlx08`, a model of sqlx's worker in the model check).
+
+use std::any::Any;
+use std::future::Future;
+use std::ops::DerefMut;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A SQLite driver, as the write path uses it. Not a public API: it exists so that one
+/// implementation serves sqlx 0.8 and 0.9, and may change in any release.
+///
+/// The transaction methods are sqlx's `TransactionManager`'s, and keep its protocol: an
+/// acknowledged `commit`/`rollback` whose future is dropped after its command reached the
+/// connection is followed by exactly one [`start_rollback`](Driver::start_rollback), which the
+/// connection then skips (sqlx's worker tracks that answer nobody read).
+pub trait Driver: Send + Sync + Sized + 'static {
+    /// A connection (`SqliteConnection`).
+    type Connection: Send + Sync + 'static;
+    /// A connection of a pool, which goes back to it when dropped (`PoolConnection<Sqlite>`).
+    type Pooled: DerefMut<Target = Self::Connection> + Send + Sync + 'static;
+    /// A pool (`SqlitePool`).
+    type Pool: Clone + Send + Sync + 'static;
+    /// The driver's error (`sqlx::Error`).
+    type Error: Send + 'static;
+
+    /// A connection from `pool`, within its `acquire_timeout`.
+    fn acquire(pool: &Self::Pool)
+    -> impl Future<Output = Result<Self::Pooled, Self::Error>> + Send;
+    /// The connection, no longer the pool's (closed when dropped).
+    fn detach(conn: Self::Pooled) -> Self::Connection;
+    /// Whether `pool` was closed.
+    fn is_closed(pool: &Self::Pool) -> bool;
+    /// The pool's `acquire_timeout`.
+    fn acquire_timeout(pool: &Self::Pool) -> Duration;
+    /// A pool of one connection with `pool`'s connect options and hooks, opening lazily and
+    /// never testing or recycling it: what the writer connection is opened from.
+    fn opener(pool: &Self::Pool) -> Self::Pool;
+    /// Closes `pool` (waits for the connections in use to come back).
+    fn close_pool(pool: &Self::Pool) -> impl Future<Output = ()> + Send;
+    /// A value every clone of `pool` shares and no other pool does, for as long as it is
+    /// alive (sqlx's shared connect options): the identity of a database only this pool can
+    /// reach.
+    fn identity(pool: &Self::Pool) -> Arc<dyn Any + Send + Sync>;
+
+    /// The file the connection's `main` database is, as SQLite names it, or `None` for an
+    /// in-memory or temporary database.
+    fn main_file(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<Option<PathBuf>, Self::Error>> + Send;
+    /// `BEGIN IMMEDIATE`, as sqlx's `TransactionManager::begin` with that statement.
+    fn begin_immediate(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + '_;
+    /// `TransactionManager::commit`.
+    fn commit(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + '_;
+    /// `TransactionManager::rollback`.
+    fn rollback(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + '_;
+    /// `TransactionManager::start_rollback`: queues a rollback whose answer nobody reads.
+    fn start_rollback(conn: &mut Self::Connection);
+    /// `TransactionManager::get_transaction_depth`.
+    fn depth(conn: &Self::Connection) -> usize;
+    /// An acknowledged no-op (`Connection::ping`): answered once everything queued before it
+    /// on the connection has run.
+    fn ping(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + '_;
+    /// Closes the connection gracefully.
+    fn close(conn: Self::Connection) -> impl Future<Output = ()> + Send;
+
+    /// The wait for the turn or the connection ran past its bound (`PoolTimedOut`).
+    fn timed_out() -> Self::Error;
+    /// The pool is closed (`PoolClosed`).
+    fn closed() -> Self::Error;
+    /// A misuse the caller can fix (`InvalidArgument`).
+    fn invalid(message: String) -> Self::Error;
+    /// Whether the error is the database's (it left the connection usable), rather than the
+    /// connection's or the driver's.
+    fn is_database_error(error: &Self::Error) -> bool;
+
+    /// Whether [`spawn`](Driver::spawn) can run a task now (a runtime is current).
+    fn can_spawn() -> bool {
+        tokio::runtime::Handle::try_current().is_ok()
+    }
+
+    /// Runs `task` in the background (called only when [`can_spawn`](Driver::can_spawn)).
+    fn spawn(task: impl Future<Output = ()> + Send + 'static) {
+        tokio::runtime::Handle::current().spawn(task);
+    }
+}

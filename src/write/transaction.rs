@@ -1,0 +1,343 @@
+//! A write transaction's lifecycle, for any [`Driver`]: one owner of the connection and the
+//! turn, one state enum whose transitions are the only place either changes, and one drop
+//! protocol, sqlx's own.
+//!
+//! ```text
+//!  begin: turn, then connection
+//!        │
+//!        ▼          BEGIN ok          commit(): COMMIT sent
+//!   Beginning ──────────────► Open ───────────────────────► Committing
+//!        │ BEGIN failed        │ rollback(), or COMMIT         │ COMMIT ok: fence
+//!        │                     │ failed (then rolled back)     │
+//!        ▼                     ▼                               ▼
+//!       Done ◄─────────────── Done ◄──────────────────────────Done
+//!
+//!  dropped in Beginning, Open or Committing (a cancelled begin, an early return, a cancelled
+//!  commit): Committing fences first (the COMMIT may have gone through); then `finish`.
+//! ```
+//!
+//! **`finish`**, the drop protocol, is sqlx's `Transaction::drop` and its pool's release, in
+//! that order, before anyone else gets the connection or the turn:
+//!
+//! 1. `start_rollback`, synchronously, in `Drop`: the rollback whose answer nobody reads. sqlx's
+//!    worker skips exactly one such rollback after a `COMMIT` or `ROLLBACK` whose answer was
+//!    not read (a cancelled `commit()`), and otherwise rolls back; its `BEGIN` whose answer was
+//!    not read it rolled back by itself. Either way the connection's state is then known, and
+//!    nothing is left armed on it. (An *acknowledged* rollback here would leave the skip armed
+//!    for the next owner's savepoint: the bug this protocol replaces.)
+//! 2. The request lets go of the turn (it may queue for it again, behind this rollback).
+//! 3. In a spawned task: `ping` (answered once the rollback ran), then roll back whatever depth
+//!    is left (a savepoint left open), then the connection goes back only at depth 0 (closed
+//!    otherwise), and only then the turn goes to the next in line, who never meets this
+//!    transaction's lock. Bounded by the pool's `acquire_timeout`: past it the connection is
+//!    closed and the turn goes on. Without a runtime the connection is closed at once (its
+//!    worker still runs the queued rollback first).
+//!
+//! `commit()` is `Ok` only when the `COMMIT` was, at depth 1, leaving the connection at depth
+//! 0; a savepoint left open makes it an error (and a rollback), never a `RELEASE` reported as a
+//! commit.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+#[allow(unused_imports)] // the model check's stand-in has `fence`/`deadline` as trait methods
+use crate::attempt::{RequestState, current_request};
+
+use super::driver::Driver;
+use super::pool::{Conn, Shared};
+use super::turn::Turn;
+
+/// A write transaction begun `IMMEDIATE` in its turn. See the public `WriteTransaction`s.
+pub struct Transaction<D: Driver> {
+    state: State<D>,
+}
+
+/// Where the transaction is: the one home of its connection, its turn and its request (which
+/// the turn names).
+enum State<D: Driver> {
+    /// `BEGIN IMMEDIATE` sent, or about to be.
+    Beginning(Held<D>),
+    /// Begun: what the handler holds.
+    Open(Held<D>),
+    /// `COMMIT` sent, its answer not read yet.
+    Committing(Held<D>),
+    /// Over: the connection and the turn were handed on (or to `finish`).
+    Done,
+}
+
+/// What a live transaction holds.
+struct Held<D: Driver> {
+    conn: Conn<D>,
+    turn: Turn,
+    home: Arc<Shared<D>>,
+}
+
+/// How deep a transaction's savepoints are rolled back before its connection is given up.
+const MAX_DEPTH: usize = 64;
+
+impl<D: Driver> Transaction<D> {
+    /// Waits for the turn of `home`'s database, then begins `IMMEDIATE` on a connection.
+    ///
+    /// Bounded by the current request's deadline (every step: the first use's question to
+    /// SQLite, the turn, the connection, the `BEGIN`) and, for the wait for the turn, by the
+    /// pool's `acquire_timeout`: past either, [`Driver::timed_out`]. The current request
+    /// already holding this database's turn with a transaction open: [`Driver::invalid`], at
+    /// once (it would wait for itself).
+    pub(super) async fn begin(home: &Arc<Shared<D>>) -> Result<Self, D::Error> {
+        // Read while the layer polls the handler (or an `in_request` task).
+        let request = current_request();
+        if D::is_closed(&home.pool) {
+            return Err(D::closed());
+        }
+        let deadline = request.as_ref().and_then(|r| r.deadline());
+        let target = match within(deadline, home.target()).await {
+            Some(target) => target?,
+            None => return Err(D::timed_out()),
+        };
+        if target.queue.is_held_by(request.as_ref()) {
+            return Err(D::invalid(
+                "this request already holds the database's write turn: commit or drop its write \
+                 transaction before beginning another (or use a savepoint on it)"
+                    .to_owned(),
+            ));
+        }
+        let acquire_timeout = D::acquire_timeout(&home.pool);
+        let turn = target
+            .queue
+            .take(request, || bound(deadline, acquire_timeout))
+            .await
+            .ok_or_else(D::timed_out)?;
+        // Only now a connection: waiting writers hold none. A failure gives the turn back.
+        let conn = match within(deadline, home.connection(target)).await {
+            Some(conn) => conn?,
+            None => return Err(D::timed_out()),
+        };
+        // NOTE: from here the transaction owns the connection and the turn: dropped at any
+        // await below, it finishes them by the one drop protocol.
+        let mut tx = Transaction {
+            state: State::Beginning(Held {
+                conn,
+                turn,
+                home: Arc::clone(home),
+            }),
+        };
+        let held = tx.held_mut();
+        // NOTE: a rollback whose answer nobody reads, before `BEGIN`, as the one `finish`
+        // sends: a no-op on a clean connection, it clears whatever a leaked transaction (a
+        // `mem::forget`) left on it, so that every transaction begins on a clean one.
+        D::start_rollback(&mut held.conn);
+        match within(deadline, D::begin_immediate(&mut held.conn)).await {
+            Some(Ok(())) => {
+                tx.state = match std::mem::replace(&mut tx.state, State::Done) {
+                    State::Beginning(held) => State::Open(held),
+                    _ => unreachable!("begin owns the transaction"),
+                };
+                Ok(tx)
+            }
+            // A database error (another process's lock past `busy_timeout`) leaves the
+            // connection as it was; any other failure closes it.
+            Some(Err(error)) => {
+                let reusable = D::is_database_error(&error);
+                tx.end(reusable);
+                Err(error)
+            }
+            // The deadline: the `BEGIN` is still waiting in SQLite's busy handler. The request
+            // is answered now; `finish` waits for the `BEGIN` in the background, and the turn
+            // goes on after it.
+            None => Err(D::timed_out()),
+        }
+    }
+
+    /// Commits. `Ok` only if the `COMMIT` was, leaving the connection at depth 0: the request
+    /// is then fenced, the connection and the turn handed on. A failure rolls back, fences
+    /// nothing, and hands them on too. A savepoint of this transaction left open (a nested
+    /// transaction forgotten) is [`Driver::invalid`], after a rollback of everything.
+    pub async fn commit(mut self) -> Result<(), D::Error> {
+        let held = self.held_mut();
+        let depth = D::depth(&held.conn);
+        if depth != 1 {
+            let clean = roll_back_all::<D>(&mut held.conn).await;
+            self.end(clean);
+            return Err(D::invalid(if depth > 1 {
+                format!(
+                    "the write transaction was rolled back, not committed: {} savepoint(s) of \
+                     it were still open (a nested transaction forgotten); commit or drop each \
+                     before the transaction",
+                    depth - 1
+                )
+            } else {
+                "the write transaction was no longer open on its connection".to_owned()
+            }));
+        }
+        self.state = match std::mem::replace(&mut self.state, State::Done) {
+            State::Open(held) => State::Committing(held),
+            _ => unreachable!("a transaction the handler holds is open"),
+        };
+        let held = self.held_mut();
+        match D::commit(&mut held.conn).await {
+            Ok(()) => {
+                if let Some(request) = held.turn.request() {
+                    request.fence();
+                }
+                let depth = D::depth(&held.conn);
+                self.end(true);
+                if depth != 0 {
+                    return Err(D::invalid(format!(
+                        "COMMIT left the connection at depth {depth}: it was closed"
+                    )));
+                }
+                Ok(())
+            }
+            Err(error) => {
+                // Nothing was committed: no fence. The transaction may still be open (a
+                // `COMMIT` that met `SQLITE_BUSY`, a deferred foreign key).
+                self.state = match std::mem::replace(&mut self.state, State::Done) {
+                    State::Committing(held) => State::Open(held),
+                    _ => unreachable!("commit owns the transaction"),
+                };
+                let held = self.held_mut();
+                let clean = roll_back_all::<D>(&mut held.conn).await;
+                self.end(clean);
+                Err(error)
+            }
+        }
+    }
+
+    /// Rolls back, and hands the connection and the turn on.
+    pub async fn rollback(mut self) -> Result<(), D::Error> {
+        let held = self.held_mut();
+        let rolled_back = D::rollback(&mut held.conn).await;
+        let clean = rolled_back.is_ok() && roll_back_all::<D>(&mut held.conn).await;
+        self.end(clean);
+        rolled_back
+    }
+
+    /// The connection, while the transaction is live.
+    fn held_mut(&mut self) -> &mut Held<D> {
+        match &mut self.state {
+            State::Beginning(held) | State::Open(held) | State::Committing(held) => held,
+            State::Done => unreachable!("the transaction is over"),
+        }
+    }
+
+    /// Over, its outcome known: the connection goes back (if `reusable` and at depth 0;
+    /// closed otherwise), then the turn.
+    fn end(&mut self, reusable: bool) {
+        if let State::Beginning(held) | State::Open(held) | State::Committing(held) =
+            std::mem::replace(&mut self.state, State::Done)
+        {
+            let Held { conn, turn, home } = held;
+            home.give_back(conn, reusable);
+            drop(turn);
+        }
+    }
+}
+
+impl<D: Driver> Drop for Transaction<D> {
+    fn drop(&mut self) {
+        let held = match std::mem::replace(&mut self.state, State::Done) {
+            State::Done => return,
+            State::Beginning(held) | State::Open(held) => held,
+            State::Committing(held) => {
+                // The COMMIT may have gone through: never replay this request.
+                if let Some(request) = held.turn.request() {
+                    request.fence();
+                }
+                held
+            }
+        };
+        finish(held);
+    }
+}
+
+/// The drop protocol (see the module docs).
+fn finish<D: Driver>(held: Held<D>) {
+    let Held {
+        mut conn,
+        mut turn,
+        home,
+    } = held;
+    D::start_rollback(&mut conn);
+    turn.release_request();
+    if !D::can_spawn() {
+        home.give_back(conn, false);
+        return;
+    }
+    let bound = bound(None, D::acquire_timeout(&home.pool));
+    D::spawn(async move {
+        let settled =
+            async { D::ping(&mut conn).await.is_ok() && roll_back_all::<D>(&mut conn).await };
+        let clean = within(bound, settled).await == Some(true);
+        home.give_back(conn, clean);
+        drop(turn);
+    });
+}
+
+/// Rolls back every level still open (acknowledged); whether the connection is at depth 0.
+async fn roll_back_all<D: Driver>(conn: &mut D::Connection) -> bool {
+    for _ in 0..MAX_DEPTH {
+        if D::depth(conn) == 0 {
+            return true;
+        }
+        if D::rollback(conn).await.is_err() {
+            return false;
+        }
+    }
+    D::depth(conn) == 0
+}
+
+/// The earlier of `deadline` and `limit` from now (`None`: neither can be represented).
+pub(crate) fn bound(deadline: Option<Instant>, limit: Duration) -> Option<Instant> {
+    let limit = Instant::now().checked_add(limit);
+    match (deadline, limit) {
+        (Some(d), Some(l)) => Some(d.min(l)),
+        (d, l) => d.or(l),
+    }
+}
+
+/// `future`'s output, unless `until` passes first.
+async fn within<F: Future>(until: Option<Instant>, future: F) -> Option<F::Output> {
+    match until {
+        Some(until) => tokio::time::timeout_at(until, future).await.ok(),
+        None => Some(future.await),
+    }
+}
+
+impl<D: Driver> std::ops::Deref for Transaction<D> {
+    type Target = D::Connection;
+
+    fn deref(&self) -> &D::Connection {
+        match &self.state {
+            State::Open(held) => &held.conn,
+            _ => unreachable!("a transaction the handler holds is open"),
+        }
+    }
+}
+
+impl<D: Driver> std::ops::DerefMut for Transaction<D> {
+    fn deref_mut(&mut self) -> &mut D::Connection {
+        match &mut self.state {
+            State::Open(held) => &mut held.conn,
+            _ => unreachable!("a transaction the handler holds is open"),
+        }
+    }
+}
+
+impl<D: Driver> fmt::Debug for Transaction<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (state, turn) = match &self.state {
+            State::Beginning(held) => ("beginning", Some(&held.turn)),
+            State::Open(held) => ("open", Some(&held.turn)),
+            State::Committing(held) => ("committing", Some(&held.turn)),
+            State::Done => ("done", None),
+        };
+        f.debug_struct("WriteTransaction")
+            .field("state", &state)
+            .field("turn", &turn)
+            .finish()
+    }
+}
