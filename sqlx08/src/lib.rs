@@ -88,11 +88,13 @@
 //! (`WritePool::new(pool.clone())`); a helper that took `&mut Transaction<'_, Sqlite>` takes
 //! `&mut SqliteConnection` instead, and its callers keep passing `&mut tx`.
 
+use std::any::Any;
 use std::borrow::Cow;
 use std::fmt;
+use std::future::Future;
 use std::ops::{Deref, DerefMut};
-use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx_core::Error;
@@ -103,32 +105,134 @@ use sqlx_sqlite::{
     Sqlite, SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions,
     SqliteTransactionManager,
 };
-use tower_sqlite_retry::{TurnError, WriteQueue, WriteTurn};
+use tower_sqlite_retry::write::shared::{self, Driver};
+
+/// sqlx 0.8's SQLite driver, as the write path of `tower-sqlite-retry` uses it: everything
+/// else (the turn, the transaction's lifecycle, the drop protocol) is that crate's one
+/// implementation, shared with its sqlx 0.9 `WritePool`.
+#[derive(Debug)]
+struct Sqlx08;
+
+impl Driver for Sqlx08 {
+    type Connection = SqliteConnection;
+    type Pooled = PoolConnection<Sqlite>;
+    type Pool = SqlitePool;
+    type Error = Error;
+
+    async fn acquire(pool: &SqlitePool) -> Result<PoolConnection<Sqlite>, Error> {
+        pool.acquire().await
+    }
+
+    fn detach(conn: PoolConnection<Sqlite>) -> SqliteConnection {
+        conn.detach()
+    }
+
+    fn is_closed(pool: &SqlitePool) -> bool {
+        pool.is_closed()
+    }
+
+    fn acquire_timeout(pool: &SqlitePool) -> Duration {
+        pool.options().get_acquire_timeout()
+    }
+
+    fn opener(pool: &SqlitePool) -> SqlitePool {
+        let options: SqliteConnectOptions = (*pool.connect_options()).clone();
+        let pool_options: SqlitePoolOptions = pool.options().clone();
+        pool_options
+            .max_connections(1)
+            .min_connections(0)
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .test_before_acquire(false)
+            .connect_lazy_with(options)
+    }
+
+    async fn close_pool(pool: &SqlitePool) {
+        pool.close().await;
+    }
+
+    fn identity(pool: &SqlitePool) -> Arc<dyn Any + Send + Sync> {
+        pool.connect_options()
+    }
+
+    async fn main_file(conn: &mut SqliteConnection) -> Result<Option<PathBuf>, Error> {
+        let file: String = sqlx_core::query_scalar::query_scalar(
+            "SELECT file FROM pragma_database_list WHERE name = 'main'",
+        )
+        .fetch_one(conn)
+        .await?;
+        Ok((!file.is_empty()).then(|| PathBuf::from(file)))
+    }
+
+    fn begin_immediate(
+        conn: &mut SqliteConnection,
+    ) -> impl Future<Output = Result<(), Error>> + Send + '_ {
+        SqliteTransactionManager::begin(conn, Some(Cow::Borrowed("BEGIN IMMEDIATE")))
+    }
+
+    fn commit(conn: &mut SqliteConnection) -> impl Future<Output = Result<(), Error>> + Send + '_ {
+        SqliteTransactionManager::commit(conn)
+    }
+
+    fn rollback(
+        conn: &mut SqliteConnection,
+    ) -> impl Future<Output = Result<(), Error>> + Send + '_ {
+        SqliteTransactionManager::rollback(conn)
+    }
+
+    fn start_rollback(conn: &mut SqliteConnection) {
+        SqliteTransactionManager::start_rollback(conn);
+    }
+
+    fn depth(conn: &SqliteConnection) -> usize {
+        SqliteTransactionManager::get_transaction_depth(conn)
+    }
+
+    fn ping(conn: &mut SqliteConnection) -> impl Future<Output = Result<(), Error>> + Send + '_ {
+        conn.ping()
+    }
+
+    async fn close(conn: SqliteConnection) {
+        let _ = conn.close().await;
+    }
+
+    fn timed_out() -> Error {
+        Error::PoolTimedOut
+    }
+
+    fn closed() -> Error {
+        Error::PoolClosed
+    }
+
+    fn invalid(message: String) -> Error {
+        Error::InvalidArgument(message)
+    }
+
+    fn is_database_error(error: &Error) -> bool {
+        matches!(error, Error::Database(_))
+    }
+}
 
 /// A sqlx 0.8 SQLite pool whose write transactions wait for their turn, one at a time per
-/// database file, then begin `IMMEDIATE` on a writer connection of their own; the commit
-/// gives the turn back and fences the request. See the [crate docs](crate).
+/// database, then begin `IMMEDIATE` on a writer connection of their own; the commit gives the
+/// turn back and fences the request. See the [crate docs](crate).
 ///
 /// Cloning is cheap (the pool, the writer connection and the queue are shared).
 #[derive(Clone)]
 pub struct WritePool {
-    pool: SqlitePool,
-    /// The connection write transactions begin on; `None`: the application pool's.
-    writer: Option<Arc<Writer>>,
-    queue: WriteQueue,
+    inner: shared::WritePool<Sqlx08>,
 }
 
 impl WritePool {
     /// The write path over `pool`, with a writer connection of its own. Every `WritePool`
     /// (of this crate or of `tower-sqlite-retry`) and `WriteQueue` on the same database file
-    /// shares one queue in this process. Nothing is opened here.
+    /// shares one queue in this process; an in-memory database's queue is its pool's alone.
+    /// Nothing is opened here: the first write transaction asks SQLite which database the
+    /// pool opens (an in-memory one has no writer connection of its own: a second connection
+    /// would open another database).
     pub fn new(pool: SqlitePool) -> Self {
-        let queue = WriteQueue::for_file(pool.connect_options().get_filename());
-        let writer = Some(Arc::new(Writer::of(&pool)));
         Self {
-            pool,
-            writer,
-            queue,
+            inner: shared::WritePool::new(pool, true),
         }
     }
 
@@ -136,79 +240,46 @@ impl WritePool {
     /// default: opened when first needed with the pool's options, then kept outside any pool,
     /// never pinged or recycled, and handed from writer to writer) or take one from the
     /// application's pool in their turn (`false`).
-    pub fn writer_connection(mut self, own: bool) -> Self {
-        self.writer = own.then(|| Arc::new(Writer::of(&self.pool)));
-        self
+    pub fn writer_connection(self, own: bool) -> Self {
+        Self {
+            inner: self.inner.writer_connection(own),
+        }
     }
 
     /// Waits for this database's write turn, then begins `IMMEDIATE` on the writer connection.
     ///
-    /// Fails with [`Error::PoolTimedOut`] past the request's deadline or the pool's
-    /// `acquire_timeout`, with [`Error::InvalidArgument`] at once when the current request
-    /// already holds a write transaction on this file, and with [`Error::PoolClosed`] once
-    /// the pool is closed.
+    /// Fails with [`Error::PoolTimedOut`] past the request's deadline (which also bounds the
+    /// `BEGIN IMMEDIATE` itself) or the pool's `acquire_timeout`, with
+    /// [`Error::InvalidArgument`] at once when the current request holds a write transaction
+    /// open on this database, and with [`Error::PoolClosed`] once the pool is closed. After
+    /// the request's earlier transaction was committed, rolled back or dropped, a second
+    /// `begin` waits for the turn as any other.
     pub async fn begin(&self) -> Result<WriteTransaction, Error> {
-        if self.pool.is_closed() {
-            return Err(Error::PoolClosed);
-        }
-        let acquire_timeout = self.pool.options().get_acquire_timeout();
-        let turn = match self.queue.turn(acquire_timeout).await {
-            Ok(turn) => turn,
-            Err(error @ TurnError::HeldByThisRequest) => {
-                return Err(Error::InvalidArgument(format!(
-                    "{error} ({}); or use a savepoint on it",
-                    self.queue.path().display()
-                )));
-            }
-            Err(_) => return Err(Error::PoolTimedOut),
-        };
-        // Only now a connection: waiting writers never hold one. A failure here gives the turn
-        // back (it drops with `turn`).
-        let conn = match &self.writer {
-            Some(writer) => Conn::Own(writer.take().await?, Arc::clone(writer)),
-            None => Conn::Pooled(self.pool.acquire().await?),
-        };
-        // NOTE: from here the transaction owns the connection and the turn, so that a `begin`
-        // dropped half-way rolls back through `Drop`, after the `BEGIN` on the connection's
-        // worker, before the turn goes on.
-        let mut tx = WriteTransaction {
-            conn: Some(conn),
-            turn: Some(turn),
-            rollback_bound: acquire_timeout,
-        };
-        let conn = tx.conn.as_mut().expect("just set");
-        let immediate = Some(Cow::Borrowed("BEGIN IMMEDIATE"));
-        if let Err(error) = SqliteTransactionManager::begin(conn, immediate).await {
-            // A database error (another process's write lock past `busy_timeout`) leaves the
-            // connection as it was; any other failure closes it.
-            tx.end(matches!(error, Error::Database(_)));
-            return Err(error);
-        }
-        Ok(tx)
+        Ok(WriteTransaction {
+            inner: self.inner.begin().await?,
+        })
     }
 
     /// The pool, for reads (they take no turn) and anything else.
     pub fn pool(&self) -> &SqlitePool {
-        &self.pool
+        self.inner.pool()
     }
 
     /// The pool back (the writer connection closes once no clone of this `WritePool` and no
     /// write transaction of it is left).
     pub fn into_pool(self) -> SqlitePool {
-        self.pool
+        self.inner.pool().clone()
     }
 
-    /// The database file whose writers the queue serializes (its canonical path).
-    pub fn path(&self) -> &Path {
-        self.queue.path()
+    /// The database file whose writers the queue serializes (its canonical path), once the
+    /// first write transaction asked SQLite; `None` before, and for an in-memory database.
+    pub fn path(&self) -> Option<&Path> {
+        self.inner.path()
     }
 
-    /// Closes the writer connection and the pool (as `SqlitePool::close` does).
+    /// Closes the pool and then the writer connection (as `SqlitePool::close` does).
     pub async fn close(&self) {
-        self.pool.close().await;
-        if let Some(writer) = &self.writer {
-            writer.close().await;
-        }
+        self.inner.close().await;
     }
 }
 
@@ -217,7 +288,7 @@ impl Deref for WritePool {
     type Target = SqlitePool;
 
     fn deref(&self) -> &SqlitePool {
-        &self.pool
+        self.inner.pool()
     }
 }
 
@@ -229,115 +300,7 @@ impl From<SqlitePool> for WritePool {
 
 impl fmt::Debug for WritePool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WritePool")
-            .field("pool", &self.pool)
-            .field("writer", &self.writer)
-            .field("queue", &self.queue)
-            .finish()
-    }
-}
-
-/// The writer connection of one `WritePool` (and its clones).
-struct Writer {
-    /// Opens the connection with the application pool's options and hooks (a pool of one,
-    /// never pinged); the connection is then detached from it and kept in `idle`.
-    opener: SqlitePool,
-    /// The connection between two write transactions. Only the turn's holder takes it, so the
-    /// lock is never contended; it is never held across an await.
-    idle: Mutex<Option<SqliteConnection>>,
-}
-
-impl Writer {
-    fn of(pool: &SqlitePool) -> Self {
-        let options: SqliteConnectOptions = (*pool.connect_options()).clone();
-        let pool_options: SqlitePoolOptions = pool.options().clone();
-        let opener = pool_options
-            .max_connections(1)
-            .min_connections(0)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .test_before_acquire(false)
-            .connect_lazy_with(options);
-        Self {
-            opener,
-            idle: Mutex::new(None),
-        }
-    }
-
-    async fn take(&self) -> Result<SqliteConnection, Error> {
-        if let Some(conn) = self.idle().take() {
-            return Ok(conn);
-        }
-        if self.opener.is_closed() {
-            return Err(Error::PoolClosed);
-        }
-        Ok(self.opener.acquire().await?.detach())
-    }
-
-    fn put(&self, conn: SqliteConnection) {
-        if !self.opener.is_closed() {
-            *self.idle() = Some(conn);
-        }
-    }
-
-    async fn close(&self) {
-        self.opener.close().await;
-        let idle = self.idle().take();
-        if let Some(conn) = idle {
-            let _ = conn.close().await;
-        }
-    }
-
-    fn idle(&self) -> MutexGuard<'_, Option<SqliteConnection>> {
-        self.idle.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-impl fmt::Debug for Writer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Writer")
-            .field("open", &self.idle().is_some())
-            .finish_non_exhaustive()
-    }
-}
-
-/// The connection a write transaction runs on, and where it goes back.
-enum Conn {
-    Pooled(PoolConnection<Sqlite>),
-    Own(SqliteConnection, Arc<Writer>),
-}
-
-impl Conn {
-    /// Back where it came from, if `reusable` and no transaction is left open on it; closed
-    /// otherwise.
-    fn give_back(self, reusable: bool) {
-        let clean = reusable && SqliteTransactionManager::get_transaction_depth(&self) == 0;
-        match self {
-            Conn::Pooled(conn) if clean => drop(conn),
-            Conn::Pooled(conn) => drop(conn.detach()),
-            Conn::Own(conn, writer) if clean => writer.put(conn),
-            Conn::Own(conn, _) => drop(conn),
-        }
-    }
-}
-
-impl Deref for Conn {
-    type Target = SqliteConnection;
-
-    fn deref(&self) -> &SqliteConnection {
-        match self {
-            Conn::Pooled(conn) => conn,
-            Conn::Own(conn, _) => conn,
-        }
-    }
-}
-
-impl DerefMut for Conn {
-    fn deref_mut(&mut self) -> &mut SqliteConnection {
-        match self {
-            Conn::Pooled(conn) => conn,
-            Conn::Own(conn, _) => conn,
-        }
+        self.inner.fmt(f)
     }
 }
 
@@ -345,86 +308,27 @@ impl DerefMut for Conn {
 ///
 /// It derefs to the connection: `.execute(&mut *tx)`, and `sqlx::Connection::begin(&mut
 /// *tx)` for a savepoint. [`commit`](Self::commit) commits, gives the turn back and fences the
-/// request; dropping it rolls back and gives the turn back.
+/// request; dropping it rolls back as sqlx's own `Transaction` does and gives the turn back
+/// once the rollback ran. A `commit()` cancelled after its `COMMIT` was sent fences the
+/// request too: the `COMMIT` may have gone through.
 pub struct WriteTransaction {
-    /// `Some` until commit or rollback has ended the transaction.
-    conn: Option<Conn>,
-    /// `Some` until the transaction is over and its connection given back.
-    turn: Option<WriteTurn>,
-    /// How long a dropped transaction's rollback may keep the turn.
-    rollback_bound: Duration,
+    inner: shared::Transaction<Sqlx08>,
 }
 
 impl WriteTransaction {
     /// Commits, gives the turn back, and, once committed, fences the current request.
     ///
-    /// A failed commit fences nothing, rolls back, and gives the turn back too.
-    pub async fn commit(mut self) -> Result<(), Error> {
-        // NOTE: the connection stays in `self` across the await: if this future is dropped
-        // half-way, `Drop` rolls back (a no-op when the COMMIT already ran).
-        let conn = self.conn.as_mut().expect("transaction open until commit");
-        let committed = SqliteTransactionManager::commit(conn).await;
-        match &committed {
-            Ok(()) => {
-                if let Some(conn) = self.conn.take() {
-                    conn.give_back(true);
-                }
-                if let Some(turn) = self.turn.take() {
-                    turn.committed(); // fences the request, then gives the turn back
-                }
-            }
-            Err(_) => {
-                let rolled_back = SqliteTransactionManager::rollback(conn).await.is_ok();
-                self.end(rolled_back);
-            }
-        }
-        committed
+    /// `Ok` only when the `COMMIT` was, leaving the connection with no transaction open. A
+    /// failed commit fences nothing, rolls back, and gives the turn back too; a savepoint of
+    /// this transaction still open fails with [`Error::InvalidArgument`] after a rollback of
+    /// the whole transaction.
+    pub async fn commit(self) -> Result<(), Error> {
+        self.inner.commit().await
     }
 
     /// Rolls back and gives the turn back.
-    pub async fn rollback(mut self) -> Result<(), Error> {
-        let conn = self.conn.as_mut().expect("transaction open until rollback");
-        let rolled_back = SqliteTransactionManager::rollback(conn).await;
-        self.end(rolled_back.is_ok());
-        rolled_back
-    }
-
-    /// Over without a commit: the connection goes back, then the turn (no fence).
-    fn end(&mut self, reusable: bool) {
-        if let Some(conn) = self.conn.take() {
-            conn.give_back(reusable);
-        }
-        drop(self.turn.take());
-    }
-}
-
-impl Drop for WriteTransaction {
-    fn drop(&mut self) {
-        let Some(mut conn) = self.conn.take() else {
-            drop(self.turn.take());
-            return;
-        };
-        let turn = self.turn.take();
-        // Not committed: roll back, and give the turn back once the rollback has run, so that
-        // the next writer does not meet this transaction's write lock. Bounded; without a
-        // runtime the rollback is queued on the connection, which closes.
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let bound = self.rollback_bound;
-                runtime.spawn(async move {
-                    let rolled_back =
-                        tokio::time::timeout(bound, SqliteTransactionManager::rollback(&mut conn))
-                            .await;
-                    conn.give_back(matches!(rolled_back, Ok(Ok(()))));
-                    drop(turn);
-                });
-            }
-            Err(_) => {
-                SqliteTransactionManager::start_rollback(&mut conn);
-                conn.give_back(false);
-                drop(turn);
-            }
-        }
+    pub async fn rollback(self) -> Result<(), Error> {
+        self.inner.rollback().await
     }
 }
 
@@ -432,21 +336,19 @@ impl Deref for WriteTransaction {
     type Target = SqliteConnection;
 
     fn deref(&self) -> &SqliteConnection {
-        self.conn.as_ref().expect("transaction open until commit")
+        &self.inner
     }
 }
 
 impl DerefMut for WriteTransaction {
     fn deref_mut(&mut self) -> &mut SqliteConnection {
-        self.conn.as_mut().expect("transaction open until commit")
+        &mut self.inner
     }
 }
 
 impl fmt::Debug for WriteTransaction {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("WriteTransaction")
-            .field("turn", &self.turn)
-            .finish_non_exhaustive()
+        self.inner.fmt(f)
     }
 }
 
@@ -458,12 +360,17 @@ mod tests {
     fn assert_send<T: Send>(_: &T) {}
 
     #[test]
-    fn the_types_and_the_future_of_begin_are_send() {
+    fn the_types_and_the_futures_are_send() {
         assert_send_sync::<WritePool>();
         assert_send_sync::<WriteTransaction>();
-        fn begin_is_send(db: &WritePool) {
+        #[allow(dead_code)]
+        async fn futures(db: WritePool) {
             assert_send(&db.begin());
+            let tx = db.begin().await.unwrap();
+            assert_send(&tx.commit());
+            let tx = db.begin().await.unwrap();
+            assert_send(&tx.rollback());
+            assert_send(&db.close());
         }
-        let _ = begin_is_send;
     }
 }

@@ -1,0 +1,99 @@
+//! The turn's unit tests (a file of their own, so that the model check includes `turn.rs`
+//! without them).
+
+use std::any::Any;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::time::Instant;
+
+use super::turn::*;
+use crate::attempt::RequestState;
+
+#[test]
+fn two_spellings_of_one_file_share_a_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a.db");
+    std::fs::write(&file, b"").unwrap();
+    let other = dir.path().join(".").join("sub").join("..").join("a.db");
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    let a = Queue::of_file(&file);
+    let b = Queue::of_file(&other);
+    assert!(Arc::ptr_eq(&a, &b));
+    let c = Queue::of_file(&dir.path().join("b.db"));
+    assert!(!Arc::ptr_eq(&a, &c));
+}
+
+#[test]
+fn a_file_not_created_yet_keeps_its_queue_once_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("later.db");
+    let before = Queue::of_file(&file);
+    std::fs::write(&file, b"").unwrap();
+    let after = Queue::of_file(&file);
+    assert!(Arc::ptr_eq(&before, &after));
+}
+
+#[test]
+fn private_databases_share_a_queue_only_through_their_anchor() {
+    let anchor: Arc<dyn Any + Send + Sync> = Arc::new(1u8);
+    let a = Queue::of_private(anchor.clone());
+    let b = Queue::of_private(anchor);
+    assert!(Arc::ptr_eq(&a, &b));
+    let c = Queue::of_private(Arc::new(1u8));
+    assert!(!Arc::ptr_eq(&a, &c));
+    assert_eq!(a.path(), None);
+}
+
+#[tokio::test]
+async fn a_request_named_by_a_turn_is_never_confused_with_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = Queue::of_file(&dir.path().join("id.db"));
+    let first = Arc::new(RequestState::new(1, 0, None));
+    let mut turn = queue.take(Some(first.clone()), || None).await.unwrap();
+    assert!(queue.is_held_by(Some(&first)));
+    // The request lets go (its transaction is being rolled back) and ends; the turn still
+    // runs. A request allocated now is not its holder, whatever its address.
+    turn.release_request();
+    drop(first);
+    let later = Arc::new(RequestState::new(1, 0, None));
+    assert!(!queue.is_held_by(Some(&later)));
+    assert!(!held_by(&later));
+    drop(turn);
+    let turn = queue.take(Some(later.clone()), || None).await.unwrap();
+    assert!(held_by(&later));
+    drop(turn);
+    assert!(!held_by(&later));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_turn_is_held_by_one_at_a_time_and_never_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = Queue::of_file(&dir.path().join("stress.db"));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..32usize {
+        let queue = queue.clone();
+        let inside = inside.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..200 {
+                let request = Arc::new(RequestState::new(i, 0, None));
+                // Every third waiter gives up at once (its bound has passed): it must leave
+                // the line without taking or losing the turn.
+                let bound = (i % 3 == 0).then(Instant::now);
+                let Some(turn) = queue.take(Some(request.clone()), move || bound).await else {
+                    continue;
+                };
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0);
+                assert!(queue.is_held_by(Some(&request)));
+                tokio::task::yield_now().await;
+                assert_eq!(inside.fetch_sub(1, Ordering::SeqCst), 1);
+                drop(turn);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(queue.is_free());
+}

@@ -1,0 +1,808 @@
+//! A model check of the write path with `shuttle`: the crate's own `src/write/turn.rs`,
+//! `pool.rs`, `transaction.rs` and `driver.rs`, included as they are, over a driver that
+//! models sqlx's SQLite worker (`Model` below), under thousands of schedules chosen at random
+//! and by PCT.
+//!
+//! The model of the worker is sqlx's protocol, step for step (`sqlx-sqlite`'s
+//! `connection/worker.rs`): one thread per connection runs its commands in order; `BEGIN`,
+//! `COMMIT` and `ROLLBACK` are answered through a rendezvous (the worker learns whether the
+//! answer was read); a `BEGIN` whose answer nobody read is rolled back at once; a `COMMIT` or
+//! acknowledged `ROLLBACK` whose answer nobody read arms "skip the next unacknowledged
+//! rollback" (the one sqlx's `Transaction::drop` sends); the transaction depth is the worker's.
+//! Its database keeps committed rows, pending rows per savepoint level, and one write lock
+//! (`BEGIN IMMEDIATE` on a locked database fails at once, as with a busy timeout of 0).
+//!
+//! Each schedule runs three requests at once on one `WritePool` (its own writer connection or
+//! the pool's, chosen per schedule), each a script chosen at random: commit; commit after a
+//! dropped savepoint; return early; roll back; begin a second transaction after dropping the
+//! first; begin a second while the first is open; and **cancel** the `begin`, the `commit` or
+//! the `rollback` after 0 to 3 polls (at every await they have). Checked:
+//!
+//! - no `BEGIN IMMEDIATE` ever meets another transaction's lock (the turn passes only after
+//!   the previous transaction ended on its connection);
+//! - a `commit()` that returned `Ok` has its rows in the database, and its request is fenced;
+//!   a transaction rolled back, dropped or failed has none there, nor has a dropped savepoint;
+//!   a cancelled commit's rows are there only if its request was fenced;
+//! - a second `begin` after a dropped transaction begins; one while a transaction is open
+//!   fails at once with `invalid`;
+//! - afterwards, the next transaction (a savepoint dropped in it, then a row) commits with
+//!   exactly its row, every connection left is at depth 0 with nothing armed, and the
+//!   database's lock is free.
+//!
+//! The last test runs the same schedules with the drop protocol this one replaced (an
+//! acknowledged rollback after a cancelled commit) and requires the checker to find it
+//! handing on a connection with the skip armed.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::any::Any;
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::channel::oneshot;
+use shuttle::rand::{Rng, thread_rng};
+
+/// The crate's `attempt` module as the write path sees it: a request's fence and deadline, and
+/// the current request (here a label of the shuttle task that runs the request).
+mod attempt {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    pub(crate) struct RequestState {
+        fenced: AtomicBool,
+    }
+
+    impl RequestState {
+        pub(crate) fn new() -> Self {
+            Self {
+                fenced: AtomicBool::new(false),
+            }
+        }
+
+        pub(crate) fn fence(&self) {
+            self.fenced.store(true, Ordering::SeqCst);
+        }
+
+        pub(crate) fn is_fenced(&self) -> bool {
+            self.fenced.load(Ordering::SeqCst)
+        }
+
+        /// No deadline: the model has no timers (a deadline is a cancellation, which the
+        /// scripts make at every await).
+        pub(crate) fn deadline(&self) -> Option<tokio::time::Instant> {
+            None
+        }
+    }
+
+    #[derive(Clone)]
+    struct Current(Arc<RequestState>);
+
+    impl std::fmt::Debug for Current {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Current")
+        }
+    }
+
+    /// Makes `request` the current one of the running task.
+    pub(crate) fn enter(request: Arc<RequestState>) {
+        let me = shuttle::current::get_current_task().expect("in a task");
+        shuttle::current::set_label_for_task(me, Current(request));
+    }
+
+    pub(crate) fn current_request() -> Option<Arc<RequestState>> {
+        let me = shuttle::current::get_current_task()?;
+        shuttle::current::get_label_for_task::<Current>(me).map(|c| c.0)
+    }
+}
+
+/// What the turn's holder synchronizes with: shuttle's, so that the scheduler sees it.
+mod sync {
+    pub(super) use shuttle::sync::atomic::{AtomicUsize, Ordering};
+}
+
+// The write path's files, as they are (their `super::` is this crate's root here).
+#[path = "../src/write/driver.rs"]
+mod driver;
+#[path = "../src/write/pool.rs"]
+mod pool;
+#[path = "../src/write/transaction.rs"]
+mod transaction;
+#[path = "../src/write/turn.rs"]
+mod turn;
+
+use attempt::RequestState;
+use driver::Driver;
+use pool::WritePool;
+use transaction::Transaction;
+
+// ---------------------------------------------------------------------------------------------
+// The model of sqlx's SQLite worker and of a database.
+
+#[derive(Clone, Debug, PartialEq)]
+enum ModelError {
+    /// `BEGIN IMMEDIATE` met another connection's lock.
+    Busy,
+    /// A custom `BEGIN` inside a transaction (sqlx's `InvalidSavePointStatement`).
+    InvalidSavePoint,
+    WorkerCrashed,
+    TimedOut,
+    Closed,
+    Invalid(String),
+}
+
+/// One database: committed rows, one write lock, every connection opened on it.
+struct Db {
+    id: usize,
+    committed: Mutex<BTreeSet<u32>>,
+    /// The connection holding the write lock.
+    lock: Mutex<Option<usize>>,
+    /// `BEGIN IMMEDIATE`s that met the lock.
+    busy: AtomicUsize,
+    connections: Mutex<Vec<Arc<ConnState>>>,
+    /// The drop protocol under test: sqlx's (`false`), or the one this design replaced
+    /// (`true`: an acknowledged rollback after a cancelled commit, for the last test).
+    old_protocol: bool,
+}
+
+/// What a connection's worker shares with its handle.
+struct ConnState {
+    id: usize,
+    db: usize,
+    old_protocol: bool,
+    depth: AtomicUsize,
+    /// sqlx's `ignore_next_start_rollback`.
+    armed: AtomicBool,
+    /// The handle was dropped: the connection closes once its worker ran what was queued.
+    dropped: AtomicBool,
+    closed: AtomicBool,
+}
+
+type Answer = (Result<(), ModelError>, oneshot::Sender<()>);
+
+enum Command {
+    Begin {
+        immediate: bool,
+        answer: oneshot::Sender<Answer>,
+    },
+    Commit(oneshot::Sender<Answer>),
+    Rollback(Option<oneshot::Sender<Answer>>),
+    Insert(u32, oneshot::Sender<()>),
+    Ping(oneshot::Sender<()>),
+}
+
+/// A connection: the sending end of its worker's commands.
+struct Conn {
+    commands: shuttle::sync::mpsc::Sender<Command>,
+    state: Arc<ConnState>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.state.dropped.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A pool's connection (the model's pools do not recycle: it closes when dropped).
+struct Pooled(Conn);
+
+impl std::ops::Deref for Pooled {
+    type Target = Conn;
+    fn deref(&self) -> &Conn {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Pooled {
+    fn deref_mut(&mut self) -> &mut Conn {
+        &mut self.0
+    }
+}
+
+#[derive(Clone)]
+struct Pool(Arc<Db>);
+
+/// Answers through the rendezvous: whether the answer was read.
+fn rendezvous(answer: oneshot::Sender<Answer>, value: Result<(), ModelError>) -> bool {
+    let (read_tx, read_rx) = oneshot::channel();
+    if answer.send((value, read_tx)).is_err() {
+        return false;
+    }
+    shuttle::future::block_on(read_rx).is_ok()
+}
+
+/// The worker of one connection: sqlx's command loop.
+fn worker(db: Arc<Db>, state: Arc<ConnState>, commands: shuttle::sync::mpsc::Receiver<Command>) {
+    let mut levels: Vec<Vec<u32>> = Vec::new();
+    let mut ignore_next_start_rollback = false;
+    let unlock = |db: &Db| {
+        let mut lock = db.lock.lock().unwrap();
+        if *lock == Some(state.id) {
+            *lock = None;
+        }
+    };
+    while let Ok(command) = commands.recv() {
+        match command {
+            Command::Begin { immediate, answer } => {
+                let result = if immediate && !levels.is_empty() {
+                    Err(ModelError::InvalidSavePoint)
+                } else if levels.is_empty() {
+                    let mut lock = db.lock.lock().unwrap();
+                    if lock.is_some() {
+                        db.busy.fetch_add(1, Ordering::SeqCst);
+                        Err(ModelError::Busy)
+                    } else {
+                        *lock = Some(state.id);
+                        Ok(())
+                    }
+                } else {
+                    Ok(())
+                };
+                let ok = result.is_ok();
+                if ok {
+                    levels.push(Vec::new());
+                }
+                state.depth.store(levels.len(), Ordering::SeqCst);
+                if !rendezvous(answer, result) && ok {
+                    // The BEGIN was not acknowledged: roll it back at once.
+                    levels.pop();
+                    if levels.is_empty() {
+                        unlock(&db);
+                    }
+                }
+            }
+            Command::Commit(answer) => {
+                match levels.len() {
+                    0 => {}
+                    1 => {
+                        let rows = levels.pop().unwrap();
+                        db.committed.lock().unwrap().extend(rows);
+                        unlock(&db);
+                    }
+                    _ => {
+                        let rows = levels.pop().unwrap();
+                        levels.last_mut().unwrap().extend(rows);
+                    }
+                }
+                state.depth.store(levels.len(), Ordering::SeqCst);
+                if !rendezvous(answer, Ok(())) {
+                    ignore_next_start_rollback = true;
+                }
+            }
+            Command::Rollback(answer) => {
+                if ignore_next_start_rollback && answer.is_none() {
+                    ignore_next_start_rollback = false;
+                    state.armed.store(false, Ordering::SeqCst);
+                    continue;
+                }
+                if levels.pop().is_some() && levels.is_empty() {
+                    unlock(&db);
+                }
+                state.depth.store(levels.len(), Ordering::SeqCst);
+                if let Some(answer) = answer
+                    && !rendezvous(answer, Ok(()))
+                {
+                    ignore_next_start_rollback = true;
+                }
+            }
+            Command::Insert(row, done) => {
+                match levels.last_mut() {
+                    Some(level) => level.push(row),
+                    None => panic!("the model writes only inside transactions"),
+                }
+                let _ = done.send(());
+            }
+            Command::Ping(done) => {
+                let _ = done.send(());
+            }
+        }
+        state
+            .armed
+            .store(ignore_next_start_rollback, Ordering::SeqCst);
+    }
+    // Closed: SQLite rolls back whatever is open.
+    levels.clear();
+    unlock(&db);
+    state.depth.store(0, Ordering::SeqCst);
+    state.closed.store(true, Ordering::SeqCst);
+}
+
+impl Db {
+    fn open(self: &Arc<Self>) -> Conn {
+        let mut connections = self.connections.lock().unwrap();
+        let state = Arc::new(ConnState {
+            id: connections.len() + 1,
+            db: self.id,
+            old_protocol: self.old_protocol,
+            depth: AtomicUsize::new(0),
+            armed: AtomicBool::new(false),
+            dropped: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+        });
+        connections.push(Arc::clone(&state));
+        let (commands, receiver) = shuttle::sync::mpsc::channel();
+        let (db, worker_state) = (Arc::clone(self), Arc::clone(&state));
+        shuttle::thread::spawn(move || worker(db, worker_state, receiver));
+        Conn { commands, state }
+    }
+}
+
+/// An acknowledged command: `BEGIN`, `COMMIT`, `ROLLBACK`.
+async fn acknowledged(
+    conn: &Conn,
+    command: impl FnOnce(oneshot::Sender<Answer>) -> Command,
+) -> Result<(), ModelError> {
+    let (answer, answered) = oneshot::channel();
+    conn.commands
+        .send(command(answer))
+        .map_err(|_| ModelError::WorkerCrashed)?;
+    let (value, read) = answered.await.map_err(|_| ModelError::WorkerCrashed)?;
+    let _ = read.send(());
+    value
+}
+
+async fn insert(conn: &Conn, row: u32) {
+    let (done, finished) = oneshot::channel();
+    conn.commands.send(Command::Insert(row, done)).unwrap();
+    finished.await.unwrap();
+}
+
+struct Model;
+
+impl Driver for Model {
+    type Connection = Conn;
+    type Pooled = Pooled;
+    type Pool = Pool;
+    type Error = ModelError;
+
+    async fn acquire(pool: &Pool) -> Result<Pooled, ModelError> {
+        Ok(Pooled(pool.0.open()))
+    }
+
+    fn detach(conn: Pooled) -> Conn {
+        conn.0
+    }
+
+    fn is_closed(_: &Pool) -> bool {
+        false
+    }
+
+    fn acquire_timeout(_: &Pool) -> Duration {
+        // No timers in the model: a bound that cannot be represented is none.
+        Duration::MAX
+    }
+
+    fn opener(pool: &Pool) -> Pool {
+        pool.clone()
+    }
+
+    async fn close_pool(_: &Pool) {}
+
+    fn identity(pool: &Pool) -> Arc<dyn Any + Send + Sync> {
+        pool.0.clone()
+    }
+
+    async fn main_file(conn: &mut Conn) -> Result<Option<PathBuf>, ModelError> {
+        let db = conn.state.db;
+        Ok(Some(PathBuf::from(format!(
+            "/tower-sqlite-retry-model/{db}.db"
+        ))))
+    }
+
+    fn begin_immediate(
+        conn: &mut Conn,
+    ) -> impl Future<Output = Result<(), ModelError>> + Send + '_ {
+        acknowledged(conn, |answer| Command::Begin {
+            immediate: true,
+            answer,
+        })
+    }
+
+    fn commit(conn: &mut Conn) -> impl Future<Output = Result<(), ModelError>> + Send + '_ {
+        acknowledged(conn, Command::Commit)
+    }
+
+    fn rollback(conn: &mut Conn) -> impl Future<Output = Result<(), ModelError>> + Send + '_ {
+        acknowledged(conn, |answer| Command::Rollback(Some(answer)))
+    }
+
+    fn start_rollback(conn: &mut Conn) {
+        if conn.state.old_protocol {
+            // The protocol this design replaced: an acknowledged rollback, its answer read in
+            // the background. It leaves a skip that a cancelled commit armed in place.
+            let (answer, answered) = oneshot::channel::<Answer>();
+            let _ = conn.commands.send(Command::Rollback(Some(answer)));
+            drop(shuttle::future::spawn(async move {
+                if let Ok((_, read)) = answered.await {
+                    let _ = read.send(());
+                }
+            }));
+            return;
+        }
+        let _ = conn.commands.send(Command::Rollback(None));
+    }
+
+    fn depth(conn: &Conn) -> usize {
+        conn.state.depth.load(Ordering::SeqCst)
+    }
+
+    fn ping(conn: &mut Conn) -> impl Future<Output = Result<(), ModelError>> + Send + '_ {
+        async move {
+            let (done, finished) = oneshot::channel();
+            conn.commands
+                .send(Command::Ping(done))
+                .map_err(|_| ModelError::WorkerCrashed)?;
+            finished.await.map_err(|_| ModelError::WorkerCrashed)
+        }
+    }
+
+    async fn close(conn: Conn) {
+        drop(conn);
+    }
+
+    fn timed_out() -> ModelError {
+        ModelError::TimedOut
+    }
+
+    fn closed() -> ModelError {
+        ModelError::Closed
+    }
+
+    fn invalid(message: String) -> ModelError {
+        ModelError::Invalid(message)
+    }
+
+    fn is_database_error(error: &ModelError) -> bool {
+        matches!(error, ModelError::Busy)
+    }
+
+    fn can_spawn() -> bool {
+        true
+    }
+
+    fn spawn(task: impl Future<Output = ()> + Send + 'static) {
+        drop(shuttle::future::spawn(task));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Savepoints, as sqlx's own nested `Transaction` makes them on the write transaction's
+// connection: `BEGIN` (a `SAVEPOINT` inside), and `start_rollback` when dropped open.
+
+struct Savepoint<'c> {
+    conn: &'c mut Conn,
+    open: bool,
+}
+
+impl<'c> Savepoint<'c> {
+    async fn begin(conn: &'c mut Conn) -> Savepoint<'c> {
+        acknowledged(conn, |answer| Command::Begin {
+            immediate: false,
+            answer,
+        })
+        .await
+        .expect("a savepoint begins");
+        Savepoint { conn, open: true }
+    }
+}
+
+impl Drop for Savepoint<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            let _ = self.conn.commands.send(Command::Rollback(None));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cancellation at any await: a future polled at most `polls` times, then dropped.
+
+struct Cancel<F> {
+    future: Pin<Box<F>>,
+    polls: usize,
+}
+
+/// `future`, dropped when it returns pending for the `polls`-th time (never polled: 0).
+fn cancel_after<F: Future>(polls: usize, future: F) -> Cancel<F> {
+    Cancel {
+        future: Box::pin(future),
+        polls,
+    }
+}
+
+impl<F: Future> Future for Cancel<F> {
+    type Output = Option<F::Output>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if self.polls == 0 {
+            return Poll::Ready(None);
+        }
+        match self.future.as_mut().poll(cx) {
+            Poll::Ready(out) => Poll::Ready(Some(out)),
+            Poll::Pending => {
+                self.polls -= 1;
+                if self.polls == 0 {
+                    Poll::Ready(None)
+                } else {
+                    Poll::Pending
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The scripts a request runs, and what each says of its rows.
+
+#[derive(Clone, Copy, Debug)]
+enum Script {
+    Commit,
+    CommitAfterDroppedSavepoint,
+    ReturnEarly,
+    Rollback,
+    SecondAfterDropped,
+    SecondWhileOpen,
+    CancelBegin(usize),
+    CancelCommit(usize),
+    CancelRollback(usize),
+    /// A savepoint whose commit is cancelled and which is then forgotten (`mem::forget`): a
+    /// skip may be left armed on the connection, for the next `begin` to clear.
+    ForgottenSavepoint(usize),
+}
+
+fn pick() -> Script {
+    let polls = thread_rng().gen_range(0..4);
+    match thread_rng().gen_range(0..10) {
+        0 => Script::Commit,
+        1 => Script::CommitAfterDroppedSavepoint,
+        2 => Script::ReturnEarly,
+        3 => Script::Rollback,
+        4 => Script::SecondAfterDropped,
+        5 => Script::SecondWhileOpen,
+        6 => Script::CancelBegin(polls),
+        7 => Script::CancelCommit(polls),
+        8 => Script::CancelRollback(polls),
+        _ => Script::ForgottenSavepoint(polls),
+    }
+}
+
+/// What became of a row.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fate {
+    /// `commit()` returned `Ok`: it must be there.
+    Committed,
+    /// Rolled back, dropped, failed, a dropped savepoint's: it must not be there.
+    Gone,
+    /// The commit was cancelled: there only if the request was fenced.
+    Unknown,
+    /// Either way (released into a transaction that committed, or not).
+    Either,
+}
+
+async fn begin(writes: &WritePool<Model>) -> Transaction<Model> {
+    writes.begin().await.expect("begin")
+}
+
+/// Runs `script` as request `r`; the fates of the rows it wrote (`r * 10 + n`).
+async fn run(script: Script, writes: &WritePool<Model>, r: u32) -> Vec<(u32, Fate)> {
+    let row = |n: u32| r * 10 + n;
+    let mut fates = Vec::new();
+    match script {
+        Script::Commit => {
+            let mut tx = begin(writes).await;
+            insert(&mut tx, row(0)).await;
+            let fate = if tx.commit().await.is_ok() {
+                Fate::Committed
+            } else {
+                Fate::Gone
+            };
+            fates.push((row(0), fate));
+        }
+        Script::CommitAfterDroppedSavepoint => {
+            let mut tx = begin(writes).await;
+            {
+                let savepoint = Savepoint::begin(&mut tx).await;
+                insert(savepoint.conn, row(1)).await;
+            }
+            fates.push((row(1), Fate::Gone));
+            insert(&mut tx, row(0)).await;
+            tx.commit().await.expect("commit");
+            fates.push((row(0), Fate::Committed));
+        }
+        Script::ReturnEarly => {
+            let mut tx = begin(writes).await;
+            insert(&mut tx, row(0)).await;
+            fates.push((row(0), Fate::Gone));
+        }
+        Script::Rollback => {
+            let mut tx = begin(writes).await;
+            insert(&mut tx, row(0)).await;
+            tx.rollback().await.expect("rollback");
+            fates.push((row(0), Fate::Gone));
+        }
+        Script::SecondAfterDropped => {
+            let mut first = begin(writes).await;
+            insert(&mut first, row(0)).await;
+            drop(first);
+            fates.push((row(0), Fate::Gone));
+            let mut second = writes
+                .begin()
+                .await
+                .expect("a second begin after a drop begins");
+            insert(&mut second, row(1)).await;
+            second.commit().await.expect("commit");
+            fates.push((row(1), Fate::Committed));
+        }
+        Script::SecondWhileOpen => {
+            let mut first = begin(writes).await;
+            insert(&mut first, row(0)).await;
+            match writes.begin().await {
+                Err(ModelError::Invalid(_)) => {}
+                other => panic!("a second begin while one is open: {:?}", other.map(drop)),
+            }
+            first.commit().await.expect("commit");
+            fates.push((row(0), Fate::Committed));
+        }
+        Script::CancelBegin(polls) => {
+            if let Some(tx) = cancel_after(polls, writes.begin()).await {
+                let mut tx = tx.expect("begin");
+                insert(&mut tx, row(0)).await;
+                tx.commit().await.expect("commit");
+                fates.push((row(0), Fate::Committed));
+            }
+        }
+        Script::CancelCommit(polls) => {
+            let mut tx = begin(writes).await;
+            insert(&mut tx, row(0)).await;
+            let fate = match cancel_after(polls, tx.commit()).await {
+                Some(Ok(())) => Fate::Committed,
+                Some(Err(_)) => Fate::Gone,
+                None => Fate::Unknown,
+            };
+            fates.push((row(0), fate));
+        }
+        Script::ForgottenSavepoint(polls) => {
+            let mut tx = begin(writes).await;
+            {
+                let savepoint = Savepoint::begin(&mut tx).await;
+                insert(savepoint.conn, row(1)).await;
+                let _ = cancel_after(polls, acknowledged(savepoint.conn, Command::Commit)).await;
+                std::mem::forget(savepoint);
+            }
+            insert(&mut tx, row(0)).await;
+            let ok = tx.commit().await.is_ok();
+            let fate = if ok { Fate::Committed } else { Fate::Gone };
+            fates.push((row(0), fate));
+            fates.push((row(1), if ok { Fate::Either } else { Fate::Gone }));
+        }
+        Script::CancelRollback(polls) => {
+            let mut tx = begin(writes).await;
+            insert(&mut tx, row(0)).await;
+            let _ = cancel_after(polls, tx.rollback()).await;
+            fates.push((row(0), Fate::Gone));
+        }
+    }
+    fates
+}
+
+static DATABASES: AtomicUsize = AtomicUsize::new(0);
+
+/// One schedule: three requests at once, then the checks.
+fn scenario(old_protocol: bool) {
+    let db = Arc::new(Db {
+        id: DATABASES.fetch_add(1, Ordering::Relaxed),
+        committed: Mutex::default(),
+        lock: Mutex::default(),
+        busy: AtomicUsize::new(0),
+        connections: Mutex::default(),
+        old_protocol,
+    });
+    let own = thread_rng().gen_bool(0.5);
+    let writes = WritePool::<Model>::new(Pool(Arc::clone(&db)), own);
+    let scripts: Vec<Script> = (0..3).map(|_| pick()).collect();
+    let requests: Vec<_> = scripts
+        .iter()
+        .enumerate()
+        .map(|(r, &script)| {
+            let writes = writes.clone();
+            shuttle::future::spawn(async move {
+                let request = Arc::new(RequestState::new());
+                attempt::enter(Arc::clone(&request));
+                let fates = run(script, &writes, r as u32 + 1).await;
+                (request, fates)
+            })
+        })
+        .collect();
+    let outcomes: Vec<_> = requests
+        .into_iter()
+        .map(|r| shuttle::future::block_on(r).expect("request"))
+        .collect();
+
+    // The next writer, once everything above is over: a dropped savepoint, then one row.
+    shuttle::future::block_on(async {
+        let mut tx = writes.begin().await.expect("the next writer begins");
+        {
+            let savepoint = Savepoint::begin(&mut tx).await;
+            insert(savepoint.conn, 1).await;
+        }
+        insert(&mut tx, 2).await;
+        tx.commit().await.expect("the next writer commits");
+    });
+
+    let committed = db.committed.lock().unwrap().clone();
+    assert_eq!(
+        db.busy.load(Ordering::SeqCst),
+        0,
+        "a BEGIN met another transaction's lock"
+    );
+    assert!(
+        committed.contains(&2),
+        "{scripts:?}: the next writer's commit was Ok for a row that is not there"
+    );
+    assert!(
+        !committed.contains(&1),
+        "{scripts:?}: a dropped savepoint's row is there"
+    );
+    for (request, fates) in &outcomes {
+        for &(row, fate) in fates {
+            match fate {
+                Fate::Committed => {
+                    assert!(
+                        committed.contains(&row),
+                        "{scripts:?}: row {row} committed Ok, not there"
+                    );
+                    assert!(request.is_fenced(), "{scripts:?}: committed, not fenced");
+                }
+                Fate::Gone => assert!(
+                    !committed.contains(&row),
+                    "{scripts:?}: row {row} should be gone"
+                ),
+                Fate::Either => {}
+                Fate::Unknown => assert!(
+                    !committed.contains(&row) || request.is_fenced(),
+                    "{scripts:?}: row {row} committed by a cancelled commit, request not fenced"
+                ),
+            }
+        }
+    }
+    assert_eq!(*db.lock.lock().unwrap(), None, "the write lock is free");
+    for conn in db.connections.lock().unwrap().iter() {
+        // Every connection still in use (the writer connection, if any): a dropped one closes,
+        // rolling back whatever it holds.
+        if !conn.dropped.load(Ordering::SeqCst) {
+            assert_eq!(
+                conn.depth.load(Ordering::SeqCst),
+                0,
+                "{scripts:?}: a connection left in a transaction"
+            );
+            assert!(
+                !conn.armed.load(Ordering::SeqCst),
+                "{scripts:?}: a connection left with a rollback skip armed"
+            );
+        }
+    }
+}
+
+#[test]
+fn random_schedules_hand_on_clean_connections_and_lose_no_commit() {
+    shuttle::check_random(|| scenario(false), 10_000);
+}
+
+#[test]
+fn pct_schedules_hand_on_clean_connections_and_lose_no_commit() {
+    shuttle::check_pct(|| scenario(false), 10_000, 3);
+}
+
+#[test]
+fn the_model_finds_the_earlier_drop_protocol_arming_a_skip() {
+    let found = std::panic::catch_unwind(|| {
+        shuttle::check_random(|| scenario(true), 4_000);
+    });
+    assert!(found.is_err(), "the checker finds the armed skip");
+}
