@@ -503,3 +503,84 @@ async fn db_error_display_leaves_the_source_to_the_chain() {
         "database error: disk on fire"
     );
 }
+
+/// An error that is its own `source()` (or a loop further down): the walk ends, the request is
+/// answered. The walk runs on a thread of its own, so that a loop fails the test instead of
+/// hanging it.
+#[test]
+fn error_chain_ends_on_a_cycle() {
+    #[derive(Debug)]
+    struct Looped(Option<&'static Looped>);
+    impl std::fmt::Display for Looped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("looped")
+        }
+    }
+    impl std::error::Error for Looped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            // Its own source, or the next, which points back.
+            Some(self.0.unwrap_or(self))
+        }
+    }
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let itself: &'static Looped = Box::leak(Box::new(Looped(None)));
+        let a: &'static Looped = Box::leak(Box::new(Looped(Some(itself))));
+        let _ = done.send((
+            tower_sqlite_retry::classify_error_chain(itself).is_none(),
+            tower_sqlite_retry::classify_error_chain(a).is_none(),
+        ));
+    });
+    let verdicts = finished
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the walk of a looped chain ends");
+    assert_eq!(verdicts, (true, true));
+}
+
+/// The chain reads sqlx's `SqliteError` (which this crate cannot name) by what it prints; a
+/// type that prints only part of it, its `Debug` and not its `Display`, is not SQLite's.
+#[tokio::test]
+async fn error_chain_reads_no_lookalike_as_sqlite() {
+    #[derive(Debug)]
+    #[allow(dead_code)]
+    struct SqliteError {
+        code: i32,
+        message: &'static str,
+    }
+    impl std::fmt::Display for SqliteError {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("my own error")
+        }
+    }
+    impl std::error::Error for SqliteError {}
+    #[derive(Debug)]
+    struct Prefixed;
+    impl std::fmt::Display for Prefixed {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("(code: 5) database is locked")
+        }
+    }
+    impl std::error::Error for Prefixed {}
+    #[derive(Debug, thiserror::Error)]
+    #[error("wrapped")]
+    struct Wrapped(#[source] Box<dyn std::error::Error + Send + Sync>);
+
+    let chain = tower_sqlite_retry::classify_error_chain;
+    let lookalike = SqliteError {
+        code: 5,
+        message: "database is locked",
+    };
+    assert!(format!("{lookalike:?}").starts_with("SqliteError { code: 5"));
+    assert!(chain(&lookalike).is_none(), "Debug alone");
+    assert!(
+        chain(&Wrapped(Box::new(lookalike))).is_none(),
+        "Debug alone, as a source"
+    );
+    assert!(chain(&Prefixed).is_none(), "Display alone");
+    // sqlx's own, behind a transparent wrapper, still is.
+    let real = Transparent::from(real_busy(&TestDb::new()).await);
+    assert_eq!(
+        chain(&real).map(|r| r.code().to_owned()).as_deref(),
+        Some("5")
+    );
+}

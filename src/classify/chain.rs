@@ -79,17 +79,12 @@ use super::Retryable;
 /// assert!(classify_error_chain(&*report).is_some());
 /// ```
 pub fn classify_error_chain(error: &(dyn Error + 'static)) -> Option<Retryable> {
-    // NOTE: a chain is walked at most `MAX_LINKS` deep, and a link met before (an error that
-    // is its own source, or a loop further down) ends it: a request is always answered.
-    let mut seen = [std::ptr::null::<()>(); MAX_LINKS];
+    // NOTE: a chain is walked at most `MAX_LINKS` deep: an error that is its own source (or a
+    // loop further down) ends the walk there, and the request is always answered. (Not by
+    // address: an error and its source can share one, a wrapper and its first field.)
     let mut link = Some(error);
-    for slot in 0..MAX_LINKS {
+    for _ in 0..MAX_LINKS {
         let Some(error) = link else { break };
-        let address = error as *const dyn Error as *const ();
-        if seen[..slot].contains(&address) {
-            break;
-        }
-        seen[slot] = address;
         if let Some(verdict) = classify_link(error) {
             return verdict;
         }
