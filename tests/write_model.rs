@@ -347,7 +347,7 @@ async fn acknowledged(
     value
 }
 
-async fn insert(conn: &Conn, row: u32) {
+async fn insert(conn: &mut Conn, row: u32) {
     let (done, finished) = oneshot::channel();
     conn.commands.send(Command::Insert(row, done)).unwrap();
     finished.await.unwrap();
@@ -432,14 +432,12 @@ impl Driver for Model {
         conn.state.depth.load(Ordering::SeqCst)
     }
 
-    fn ping(conn: &mut Conn) -> impl Future<Output = Result<(), ModelError>> + Send + '_ {
-        async move {
-            let (done, finished) = oneshot::channel();
-            conn.commands
-                .send(Command::Ping(done))
-                .map_err(|_| ModelError::WorkerCrashed)?;
-            finished.await.map_err(|_| ModelError::WorkerCrashed)
-        }
+    async fn ping(conn: &mut Conn) -> Result<(), ModelError> {
+        let (done, finished) = oneshot::channel();
+        conn.commands
+            .send(Command::Ping(done))
+            .map_err(|_| ModelError::WorkerCrashed)?;
+        finished.await.map_err(|_| ModelError::WorkerCrashed)
     }
 
     async fn close(conn: Conn) {

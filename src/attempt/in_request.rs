@@ -16,7 +16,7 @@ use super::{RequestState, current_request, with_current};
 /// The cancel-safe way to write is to spawn the write and await the task:
 /// `tokio::spawn(store.put(..)).await`. A dropped request (the client went away, a timeout)
 /// then no longer cancels the write half-way. But a spawned task is not the request's: a
-/// [`WriteTransaction`](crate::WriteTransaction) committed in it fences nothing (a retryable
+/// `WriteTransaction` (see [`write`](crate::write)) committed in it fences nothing (a retryable
 /// failure after it replays the handler, which writes again), and its wait for the turn is
 /// bounded by the pool's `acquire_timeout`, not by the request's deadline. Wrapped in
 /// `in_request`, the task's commits fence the request, its waits end at the request's

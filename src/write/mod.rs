@@ -36,29 +36,85 @@
 //! the request (as [`Attempt::fence`](crate::Attempt::fence) does): a retryable failure after
 //! the commit is answered as it is, never replayed, because a replay would write twice. Code
 //! below the handler needs no [`Attempt`](crate::Attempt) for this: the layer makes its
-//! request the current one while the handler runs, and the commit finds it there. (A task the
-//! handler spawns is not the request's: its commits do not fence.)
+//! request the current one while the handler runs, and the commit finds it there. A `commit()`
+//! cancelled after its `COMMIT` was sent (the client went away, a timeout around it) fences
+//! too: the `COMMIT` may have gone through.
+//!
+//! A task the handler spawns is not the request's, unless it is wrapped in
+//! [`in_request`](crate::in_request): `tokio::spawn(in_request(store.put(..))).await`, the
+//! cancel-safe way to write, then fences the request at its commit and waits for the turn no
+//! longer than the request's deadline.
+//!
+//! # The transaction's lifecycle
+//!
+//! A `WriteTransaction` is as safe as sqlx's own `Transaction`, whose protocol it keeps: it
+//! alone owns its connection and its turn; dropped (an early return, a `?`, a panic, a
+//! cancelled request) it sends the rollback sqlx's `Transaction` sends, and the turn goes to
+//! the next writer only once that rollback ran on the connection; the connection goes on only
+//! with no transaction left on it (closed otherwise); `commit()` is `Ok` only when the
+//! `COMMIT` was, leaving no transaction open (a savepoint left open is an error, not a
+//! `RELEASE` reported as a commit). The next writer always begins on a clean connection.
 //!
 //! # Rules
 //!
-//! - **One turn per file**: every `WritePool` on one database file in this process shares one
-//!   queue, whatever the pool (the file's canonical path is the key). Each `WritePool` (with
-//!   its clones) has a writer connection of its own; the shared turn keeps all of them to one
-//!   write transaction at a time.
-//! - **The wait is bounded**: by the request's deadline under the layer, and by the pool's
-//!   `acquire_timeout` in any case; past it [`begin`][begin] fails with
-//!   `sqlx::Error::PoolTimedOut` (retryable, as a pool time-out always was).
+//! - **One turn per database**: every `WritePool` on one database file in this process shares
+//!   one queue, whatever the pool (the file's canonical path, as SQLite names it, is the key).
+//!   Each `WritePool` (with its clones) has a writer connection of its own; the shared turn
+//!   keeps all of them to one write transaction at a time.
+//! - **Every wait is bounded**: by the request's deadline under the layer, and by the pool's
+//!   `acquire_timeout` for the wait for the turn; past either, [`begin`][begin] fails with
+//!   `sqlx::Error::PoolTimedOut` (retryable, as a pool time-out always was). The deadline
+//!   bounds the `BEGIN IMMEDIATE` too (which waits out another process's lock for up to
+//!   `busy_timeout`): the request is answered at its deadline, and the `BEGIN` is finished in
+//!   the background before the turn goes on.
 //! - **Dropped without commit**: the transaction rolls back and the turn goes back as soon as
 //!   the rollback has run (one round trip to the connection, bounded by `acquire_timeout`), so
 //!   the next writer never meets its write lock; a handler that fails with `?` gives the turn
 //!   back while the layer's backoff runs, not after it.
-//! - **One write transaction at a time per request**: a second [`begin`][begin] on
-//!   the same file while the request holds a write transaction would wait for itself, so it
-//!   fails at once with `sqlx::Error::InvalidArgument` instead. Sequential transactions (the
-//!   first committed or dropped) are fine; for a nested one, use a savepoint on the open one
+//! - **One write transaction open at a time per request**: a second [`begin`][begin] on the
+//!   same database while the request holds a write transaction open would wait for itself, so
+//!   it fails at once with `sqlx::Error::InvalidArgument` instead. Sequential transactions (the
+//!   first committed, rolled back or dropped) are fine: the second waits for the first's
+//!   rollback, as any writer would. For a nested one, use a savepoint on the open one
 //!   (`sqlx::Connection::begin(&mut *tx)`). Without the layer there is no request to tell, and
 //!   such a wait ends at the pool's `acquire_timeout`.
+//! - **Write through the transaction**: a write through the pool (`&*db`) while the request
+//!   holds a write transaction open waits for that transaction's own lock, for the whole
+//!   `busy_timeout`, and fails `SQLITE_BUSY`. A replay would wait again, so it is not
+//!   retryable then: the request is answered `500` and an ERROR event says why. Run it on the
+//!   transaction (`&mut *tx`).
 //! - Reads need no turn: read from [`WritePool::pool`][pool] (or `&*db`), as before.
+//!
+//! # In-memory databases
+//!
+//! The first write transaction asks SQLite which database the pool opens. An in-memory (or
+//! temporary) database can be reached only through the pool's own connections (a second
+//! connection would open another, empty, database), so its write transactions take their
+//! connection from the pool, and its turn is that pool's alone (its clones share it; another
+//! in-memory database, even of the same name, never does). With a pool of one connection, a
+//! read through the pool inside a write transaction waits for that connection (until the
+//! pool's `acquire_timeout`): read through the transaction. With a shared-cache in-memory
+//! database (`sqlite::memory:`), SQLite locks tables, not the file: a read through the pool of
+//! a table the open write transaction wrote waits until it commits, which the same request
+//! would never do: read through the transaction there too.
+//!
+//! # What it does not cover, and what it costs
+//!
+//! - **Other processes**: the turn is in-process. A writer in another process is excluded by
+//!   SQLite itself: `BEGIN IMMEDIATE` waits for it up to `busy_timeout` (holding the turn, so
+//!   this process's other writers wait behind it), and past that fails `SQLITE_BUSY`, which
+//!   the layer replays until the deadline.
+//! - **Spawned tasks** without [`in_request`](crate::in_request): their commits fence nothing
+//!   (a replay writes again), their waits are bounded by `acquire_timeout` alone. With it,
+//!   await the task before the handler answers: the layer decides on replay when the handler
+//!   answers.
+//! - **Background work** that outlives the request: spawn it without `in_request` (the
+//!   request's deadline would cut its waits short), and make it idempotent.
+//! - The costs: one more SQLite connection per `WritePool` (the writer); one query on the first
+//!   write transaction (which database); per transaction, one message to the connection's
+//!   worker before `BEGIN` (the rollback no one waits for, which clears what a leaked
+//!   transaction left) and a timer for the deadline; per dropped transaction, one spawned task
+//!   and one round trip (its rollback, then a ping) before the turn goes on.
 //!
 //! # In a store
 //!
@@ -70,7 +126,8 @@
 //! `&mut Transaction<'_, Sqlite>` takes `&mut SqliteConnection` instead (callers keep
 //! `&mut tx`, which derefs to it; inside, `&mut **tx` becomes `&mut *tx`). A single statement
 //! run on the pool outside a transaction is a transaction of its own that begins with its
-//! write, so SQLite's `busy_timeout` covers it without the turn.
+//! write, so SQLite's `busy_timeout` covers it without the turn (but not inside an open write
+//! transaction of the same request: see *Write through the transaction* above).
 //!
 //! Pair it with WAL (`journal_mode(Wal)`), a `busy_timeout` of a few seconds (for writers in
 //! other processes), and `synchronous(Normal)`.

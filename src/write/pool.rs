@@ -102,6 +102,11 @@ impl<D: Driver> Shared<D> {
         self.target.get_or_try_init(|| self.resolve()).await
     }
 
+    /// The database this pool writes to, if it was asked already.
+    pub(super) fn known_target(&self) -> Option<&Target<D>> {
+        self.target.get()
+    }
+
     /// Asks SQLite which database the pool opens. A file: its turn is the file's, and the
     /// writer connection (when the pool has one) is the one just asked. In memory or
     /// temporary: a second connection would open another, empty, database, so transactions
@@ -135,14 +140,19 @@ impl<D: Driver> Shared<D> {
         })
     }
 
+    /// The writer connection, if this pool has one and it is idle (the turn's holder asks).
+    pub(super) fn idle_writer(&self, target: &Target<D>) -> Option<Conn<D>> {
+        target.take_writer().map(Conn::Own)
+    }
+
     /// A connection for a write transaction, in its turn: the writer connection (opened if
     /// there is none), or one from the pool.
     pub(super) async fn connection(&self, target: &Target<D>) -> Result<Conn<D>, D::Error> {
-        let (Some(writer), Some(opener)) = (&target.writer, &self.opener) else {
+        let (Some(_), Some(opener)) = (&target.writer, &self.opener) else {
             return Ok(Conn::Pooled(D::acquire(&self.pool).await?));
         };
-        if let Some(conn) = lock(writer).take() {
-            return Ok(Conn::Own(conn));
+        if let Some(conn) = self.idle_writer(target) {
+            return Ok(conn);
         }
         if D::is_closed(opener) {
             return Err(D::closed());

@@ -94,9 +94,14 @@ impl<D: Driver> Transaction<D> {
             return Err(D::closed());
         }
         let deadline = request.as_ref().and_then(|r| r.deadline());
-        let target = match within(deadline, home.target()).await {
-            Some(target) => target?,
-            None => return Err(D::timed_out()),
+        // NOTE: each step that may wait races the deadline; one that need not (known target,
+        // an idle writer connection) arms no timer.
+        let target = match home.known_target() {
+            Some(target) => target,
+            None => match within(deadline, home.target()).await {
+                Some(target) => target?,
+                None => return Err(D::timed_out()),
+            },
         };
         if target.queue.is_held_by(request.as_ref()) {
             return Err(D::invalid(
@@ -112,9 +117,12 @@ impl<D: Driver> Transaction<D> {
             .await
             .ok_or_else(D::timed_out)?;
         // Only now a connection: waiting writers hold none. A failure gives the turn back.
-        let conn = match within(deadline, home.connection(target)).await {
-            Some(conn) => conn?,
-            None => return Err(D::timed_out()),
+        let conn = match home.idle_writer(target) {
+            Some(conn) => conn,
+            None => match within(deadline, home.connection(target)).await {
+                Some(conn) => conn?,
+                None => return Err(D::timed_out()),
+            },
         };
         // NOTE: from here the transaction owns the connection and the turn: dropped at any
         // await below, it finishes them by the one drop protocol.
