@@ -17,7 +17,15 @@
 //!   request: a retryable failure after the commit is answered as it is, never replayed, even
 //!   when the commit happens in store code below the handler that has no `Attempt`.
 //!
-//! Dropping a [`WriteTransaction`] rolls back and gives the turn back once the rollback ran.
+//! It is the same implementation as `tower_sqlite_retry::WritePool`'s, built on that crate's
+//! one write path (only sqlx 0.8's calls are this crate's), so the two behave alike: dropping
+//! a [`WriteTransaction`] (an early return, a `?`, a cancelled request) rolls back as sqlx's
+//! own `Transaction` does and gives the turn back once the rollback ran; a `commit()`
+//! cancelled after its `COMMIT` was sent fences the request; a task the handler spawns is the
+//! request's when wrapped in `tower_sqlite_retry::in_request`; an in-memory pool is written to
+//! its own database. See that crate's `write` module for the rules, what the write path does
+//! not cover, and what it costs.
+//!
 //! Writers in other processes are still excluded by SQLite (`busy_timeout`) and, past it,
 //! covered by the layer's replay. Reads stay on the pool (`&*db`, or [`WritePool::pool`]).
 //!
@@ -78,8 +86,8 @@
 //! # Rules
 //!
 //! The same as `tower_sqlite_retry::WritePool`'s: one turn per database file (its canonical
-//! path), one write transaction at a time per request (a second `begin` while the request
-//! holds one fails at once with `Error::InvalidArgument`; use a savepoint,
+//! path), one write transaction open at a time per request (a second `begin` while the request
+//! holds one open fails at once with `Error::InvalidArgument`; use a savepoint,
 //! `sqlx::Connection::begin(&mut *tx)`), and the wait ends with `Error::PoolTimedOut`
 //! (retryable) at the request's deadline or the pool's `acquire_timeout`.
 //!
