@@ -43,6 +43,11 @@
 //!
 //! Run by `cargo test --benches` (no `--bench` flag) it does a tiny smoke run and writes
 //! nothing.
+//!
+//! For investigations: `--turn-stats FILE` (each `layer-write` server appends its write turn's
+//! transactions and mean time held when it stops), `--global-queue-interval N` (the servers'
+//! tokio setting), `--server-cpus LIST` (each server under `taskset -c LIST`; run the bench
+//! itself under `taskset -c` another CPU, and client and server share no core).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -181,6 +186,19 @@ struct Args {
     /// Draw DIR/writepath.svg again from DIR/writepath.json, and do nothing else.
     #[arg(long)]
     replot: Option<PathBuf>,
+    /// The servers' tokio `global_queue_interval` (tokio's default when absent): how often a
+    /// worker looks at the queue that tasks woken from outside the runtime (by sqlx's worker
+    /// threads) go to.
+    #[arg(long)]
+    global_queue_interval: Option<u32>,
+    /// Each `layer-write` server appends a line to FILE when it stops: its write turn's
+    /// transactions, time held in all and mean time held.
+    #[arg(long, value_name = "FILE")]
+    turn_stats: Option<PathBuf>,
+    /// Run each server on these CPUs only (`taskset -c LIST`), e.g. `1` with this process
+    /// under `taskset -c 0`: the server then shares no core with the client.
+    #[arg(long, value_name = "LIST")]
+    server_cpus: Option<String>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -381,11 +399,14 @@ fn calibrate(us: u64) -> u64 {
     ((us as f64 / 1e6) / per_round).max(1.0) as u64
 }
 
-fn serve(config: Config, path: &Path, pool_size: u32, prep_rounds: u64) -> ExitCode {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode {
+    let pool_size = args.pool_size;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(interval) = args.global_queue_interval {
+        builder.global_queue_interval(interval);
+    }
+    let rt = builder.enable_all().build().expect("runtime");
+    let turn_stats = args.turn_stats.clone();
     let served = rt.block_on(async move {
         let db = match config {
             Config::Deferred | Config::Layer => Db::Plain {
@@ -404,6 +425,10 @@ fn serve(config: Config, path: &Path, pool_size: u32, prep_rounds: u64) -> ExitC
             Config::LayerWriteShared => Db::Write(
                 WritePool::new(open_pool(path, pool_size).await?).writer_connection(false),
             ),
+        };
+        let writes = match &db {
+            Db::Write(writes) => Some(writes.clone()),
+            _ => None,
         };
         let app = App { db, prep_rounds };
         let mut router = Router::new()
@@ -428,6 +453,22 @@ fn serve(config: Config, path: &Path, pool_size: u32, prep_rounds: u64) -> ExitC
                 .await;
             })
             .await?;
+        if let (Some(file), Some(stats)) = (turn_stats, writes.and_then(|w| w.stats())) {
+            use std::io::Write as _;
+            let mean = stats.busy.as_secs_f64() / stats.transactions.max(1) as f64;
+            let mut out = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(file)?;
+            writeln!(
+                out,
+                "{} transactions {} held {:.3} s mean {:.1} us",
+                config.key(),
+                stats.transactions,
+                stats.busy.as_secs_f64(),
+                mean * 1e6
+            )?;
+        }
         Ok::<(), BoxError>(())
     });
     match served {
@@ -448,10 +489,29 @@ struct Server {
 impl Server {
     fn start(args: &Args, config: Config, db: &Path, dir: &Path) -> Result<Self, BoxError> {
         let log = dir.join("server.log");
-        let mut child = Command::new(std::env::current_exe()?)
+        let mut command = match &args.server_cpus {
+            Some(cpus) => {
+                let mut c = Command::new("taskset");
+                c.args(["-c", cpus]).arg(std::env::current_exe()?);
+                c
+            }
+            None => Command::new(std::env::current_exe()?),
+        };
+        let mut child = command
             .args(["--serve", config.key(), "--db"])
             .arg(db)
             .args(["--pool-size", &args.pool_size.to_string()])
+            .args(
+                args.global_queue_interval
+                    .map(|n| vec!["--global-queue-interval".to_owned(), n.to_string()])
+                    .unwrap_or_default(),
+            )
+            .args(
+                args.turn_stats
+                    .as_ref()
+                    .map(|f| vec!["--turn-stats".to_owned(), f.display().to_string()])
+                    .unwrap_or_default(),
+            )
             .args([
                 "--prep-rounds",
                 &args.prep_rounds.expect("calibrated").to_string(),
@@ -947,7 +1007,7 @@ fn main() -> ExitCode {
     if let Some(config) = args.serve {
         let db = args.db.clone().expect("--db with --serve");
         let rounds = args.prep_rounds.unwrap_or_else(|| calibrate(args.prep_us));
-        return serve(config, &db, args.pool_size, rounds);
+        return serve(config, &db, &args, rounds);
     }
     if args.prep_rounds.is_none() {
         args.prep_rounds = Some(calibrate(args.prep_us));

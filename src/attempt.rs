@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use axum::extract::FromRequestParts;
 
 use crate::admission::{Admitted, RouteLimit};
+use crate::route::Route;
 
 mod in_request;
 mod slot;
@@ -84,6 +85,8 @@ pub(crate) struct RequestState {
     inner: AtomicU64,
     /// When the request's time is up: set once, when its body is in.
     deadline: OnceLock<Option<Instant>>,
+    /// What names the request (method, route template) in tracing, metrics and admission.
+    route: Route,
 }
 
 impl HoldsSlot for RequestState {
@@ -99,14 +102,25 @@ impl RequestState {
     /// The state of a new request of the layer `layer` (the address of its shared state),
     /// depositing into the budget `budget` (its address, or 0), taken over from an outer
     /// layer's request `outer`, if any.
-    pub(crate) fn new(layer: usize, budget: usize, outer: Option<Arc<RequestState>>) -> Self {
+    pub(crate) fn new(
+        layer: usize,
+        budget: usize,
+        outer: Option<Arc<RequestState>>,
+        route: Route,
+    ) -> Self {
         Self {
             budget,
             slot: SlotState::new(layer, outer),
             claimed: AtomicBool::new(false),
             inner: AtomicU64::new(0),
             deadline: OnceLock::new(),
+            route,
         }
+    }
+
+    /// The request's method and route template.
+    pub(crate) fn route(&self) -> &Route {
+        &self.route
     }
 
     /// Whether the outer layer this request came from already deposited into the same budget

@@ -136,7 +136,6 @@ where
     /// that only retries and waits need, to keep the future small (axum boxes it per request).
     timer: Option<Pin<Box<Sleep>>>,
     replays: Option<Box<Replays<S::Response, S::Error>>>,
-    route: Route,
     span: Span,
 }
 
@@ -242,7 +241,7 @@ where
             .budget
             .as_ref()
             .map_or(0, |b| Arc::as_ptr(b) as *const () as usize);
-        let request = Arc::new(RequestState::new(layer_id(&shared), budget, outer));
+        let request = Arc::new(RequestState::new(layer_id(&shared), budget, outer, route));
         if let Some(budget) = &policy.budget
             && !request.outer_deposited()
         {
@@ -327,7 +326,6 @@ where
                 attempt: 0,
                 timer: None,
                 replays: None,
-                route,
                 span,
             },
         }
@@ -482,7 +480,7 @@ where
             return self.stop(stop, pending);
         }
         if self.request.needs_slot()
-            && let Some(limit) = self.shared.admissions.lookup(&self.route)
+            && let Some(limit) = self.shared.admissions.lookup(self.request.route())
         {
             pending.add(Duration::ZERO);
             match limit.try_admit() {
@@ -638,10 +636,14 @@ where
             return self.stop(Outcome::BudgetExhausted, pending);
         }
         if let Some(waited) = pending.waited {
-            recorder::queue_wait(self.route.path(), &self.route.method, waited);
+            recorder::queue_wait(
+                self.request.route().path(),
+                &self.request.route().method,
+                waited,
+            );
         }
         // Routed by axum (a route template): the inner `Route` boxes the body again.
-        let body = body.routed(self.route.path().is_some());
+        let body = body.routed(self.request.route().path().is_some());
         let req = self.next_attempt(body, last);
         let future = with_current(&self.request, || self.service.call(req));
         Next::To(State::Called {
@@ -684,7 +686,7 @@ where
             self.replays().reason = Some(reason);
             if self.request.needs_slot() {
                 // The route meets contention: from now on its attempts queue.
-                self.shared.admissions.contended(&self.route);
+                self.shared.admissions.contended(self.request.route());
             }
         }
         let n = self.attempt;
@@ -762,7 +764,11 @@ where
     /// failure is the answer, or a bare `503` when no attempt could start.
     fn stop(&mut self, outcome: Outcome, pending: Pending) -> Next<S::Future, Answer<S, B>> {
         if let Some(waited) = pending.waited {
-            recorder::queue_wait(self.route.path(), &self.route.method, waited);
+            recorder::queue_wait(
+                self.request.route().path(),
+                &self.request.route().method,
+                waited,
+            );
         }
         drop(pending.permit);
         let span = self.span();
@@ -791,8 +797,8 @@ where
         if n > 1 {
             self.shared.counters.retry();
             recorder::replay(
-                self.route.path(),
-                &self.route.method,
+                self.request.route().path(),
+                &self.request.route().method,
                 self.reason().map_or("", Retryable::name),
             );
         }
@@ -873,8 +879,8 @@ where
             self.span = tracing::info_span!(
                 target: "tower_sqlite_retry",
                 "sqlite_retry",
-                http.request.method = %self.route.method,
-                http.route = self.route.path(),
+                http.request.method = %self.request.route().method,
+                http.route = self.request.route().path(),
                 retry.max_attempts = self.shared.policy.max_attempts,
                 retry.attempts = tracing::field::Empty,
                 retry.outcome = tracing::field::Empty,
@@ -947,12 +953,16 @@ where
     fn cancelled(&self, queued: Option<Duration>) {
         let _entered = self.span.enter();
         if let Some(waited) = queued {
-            recorder::queue_wait(self.route.path(), &self.route.method, waited);
+            recorder::queue_wait(
+                self.request.route().path(),
+                &self.request.route().method,
+                waited,
+            );
         }
         tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
             retry.attempts = self.attempt,
-            http.request.method = %self.route.method,
-            http.route = self.route.path(),
+            http.request.method = %self.request.route().method,
+            http.route = self.request.route().path(),
             "request cancelled"
         );
         // An inner layer that took the request over counts it (its future is dropped next).
@@ -981,7 +991,7 @@ where
             backoff,
             passed_through,
         };
-        record_end(&self.span, &self.shared, &self.route, &self.request, end);
+        record_end(&self.span, &self.shared, &self.request, end);
         if let Source::Recording(r) = &self.body {
             r.stop();
         }
@@ -999,8 +1009,8 @@ where
                     retry.elapsed_ms = elapsed_ms,
                     db.response.status_code = reason.map(Retryable::code),
                     error.type = reason.map(Retryable::name),
-                    http.request.method = %self.route.method,
-                    http.route = self.route.path(),
+                    http.request.method = %self.request.route().method,
+                    http.route = self.request.route().path(),
                     "retrying request"
                 )
             };
@@ -1028,8 +1038,8 @@ where
                     retry.not_replayable = not_replayable,
                     db.response.status_code = reason.map(Retryable::code),
                     error.type = reason.map(Retryable::name),
-                    http.request.method = %self.route.method,
-                    http.route = self.route.path(),
+                    http.request.method = %self.request.route().method,
+                    http.route = self.request.route().path(),
                     $message
                 )
             };
@@ -1055,7 +1065,8 @@ struct End<'a> {
 
 /// Records how a request ended: the span's fields, the counters, the metrics, and the outer
 /// layer that handed the request over, if any.
-fn record_end(span: &Span, shared: &Shared, route: &Route, request: &RequestState, end: End<'_>) {
+fn record_end(span: &Span, shared: &Shared, request: &RequestState, end: End<'_>) {
+    let route = request.route();
     let End {
         outcome,
         attempts,

@@ -165,7 +165,7 @@ pub use layer::SqliteRetryLayer;
 pub use metrics::{HISTOGRAM_BUCKETS, MetricsSnapshot, RetryMetrics};
 pub use policy::{InvalidPolicy, Jitter, RetryPolicy};
 pub use service::SqliteRetry;
-pub use write::{TurnError, WriteQueue, WriteTurn};
+pub use write::{TurnError, WriteQueue, WriteStats, WriteTurn};
 #[cfg(feature = "sqlite-write")]
 pub use write::{WritePool, WriteTransaction};
 

@@ -16,13 +16,28 @@
 //! | `tower_sqlite_retry_backoff_seconds` | histogram | seconds | `http_route`, `http_request_method` | time a finished request spent sleeping in backoff, all its replays together (0 without a replay) |
 //! | `tower_sqlite_retry_queue_wait_seconds` | histogram | seconds | `http_route`, `http_request_method` | time an attempt waited in the queues before it started: a writer-admission slot and the replay gate, one sample per attempt that passed one (0 when it passed at once), the waits that ended at the deadline or in a cancel included |
 //! | `tower_sqlite_retry_buffered_bytes` | gauge | bytes | none | request-body bytes held for replay right now, every layer of the process together |
+//! | `tower_sqlite_retry_write_wait_seconds` | histogram | seconds | `http_route`, `http_request_method` | the write path: time a write transaction waited for its database's turn (0 when it was free) |
+//! | `tower_sqlite_retry_write_held_seconds` | histogram | seconds | `http_route`, `http_request_method`, `database` | the write path: time a write transaction held its database's turn, from `BEGIN` to the turn going on (its commit or rollback included); the rate of its sum, by `database`, is the single writer's **utilization** |
+//! | `tower_sqlite_retry_write_waiting` | gauge | count | `database` | the write path: write transactions waiting for their database's turn now (the queue's length) |
 //!
 //! ¹ only when the request ended on a retryable error the layer did not (or could no longer)
 //! replay: outcomes `exhausted`, `deadline`, `budget_exhausted`, `not_replayable`, `fenced`.
 //!
 //! The names are also constants here ([`REQUESTS`], [`REPLAYS`], [`ATTEMPTS`], [`BACKOFF`],
-//! [`QUEUE_WAIT`], [`BUFFERED_BYTES`]), with suggested histogram buckets
-//! ([`ATTEMPTS_BUCKETS`], [`SECONDS_BUCKETS`]).
+//! [`QUEUE_WAIT`], [`BUFFERED_BYTES`], [`WRITE_WAIT`], [`WRITE_HELD`], [`WRITE_WAITING`]), with
+//! suggested histogram buckets ([`ATTEMPTS_BUCKETS`], [`SECONDS_BUCKETS`]).
+//!
+//! The write path's utilization, in PromQL: the share of each second a write transaction held
+//! the database's turn (1.0: the database at its write limit; from there writers only wait
+//! longer):
+//!
+//! ```text
+//! sum by (database) (rate(tower_sqlite_retry_write_held_seconds_sum[1m]))
+//! ```
+//!
+//! (`WritePool::stats` and `WriteQueue::stats` give the same without a metrics pipeline.) A
+//! write transaction outside a request (the write path used without the layer) is labelled
+//! `http_route="_unknown"`, `http_request_method="_OTHER"`.
 //!
 //! # Labels
 //!
@@ -36,6 +51,8 @@
 //! - `outcome`: one of [`Outcome`]'s nine names (`first_try`,
 //!   `succeeded_after_retry`, `exhausted`, `deadline`, `budget_exhausted`, `not_replayable`,
 //!   `fenced`, `non_retryable`, `cancelled`).
+//! - `database`: the write path's database, by its file's name (`app.db`; two files of one
+//!   name in different directories share it), or `memory` for an in-memory one.
 //! - `error_type`: the retryable error's name ([`Retryable::name`](crate::Retryable::name):
 //!   `SQLITE_BUSY`, `SQLITE_BUSY_SNAPSHOT`, `serialization_failure`, `ER_LOCK_DEADLOCK`,
 //!   `pool_timed_out`, ...). The built-in classifiers name a fixed set; a classifier of your
@@ -165,6 +182,24 @@ pub const QUEUE_WAIT: &str = "tower_sqlite_retry_queue_wait_seconds";
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const BUFFERED_BYTES: &str = "tower_sqlite_retry_buffered_bytes";
 
+/// Histogram: seconds a write transaction of the write path waited for its database's turn (0
+/// when it was free). Labels `http_route`, `http_request_method`.
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub const WRITE_WAIT: &str = "tower_sqlite_retry_write_wait_seconds";
+
+/// Histogram: seconds a write transaction of the write path held its database's turn, from
+/// `BEGIN` to the turn going on. Labels `http_route`, `http_request_method`, `database`. Its
+/// sum's rate, summed by `database`, is the writer's utilization.
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub const WRITE_HELD: &str = "tower_sqlite_retry_write_held_seconds";
+
+/// Gauge: write transactions waiting for their database's turn now. Label `database`.
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub const WRITE_WAITING: &str = "tower_sqlite_retry_write_waiting";
+
 /// Suggested bucket bounds for [`ATTEMPTS`]: every count up to 6, then wider, up to the
 /// example app's 32-attempt write route.
 #[cfg(feature = "metrics")]
@@ -173,8 +208,9 @@ pub const ATTEMPTS_BUCKETS: &[f64] = &[
     1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 13.0, 16.0, 20.0, 32.0,
 ];
 
-/// Suggested bucket bounds for [`BACKOFF`] and [`QUEUE_WAIT`], in seconds: from half a
-/// millisecond (a first backoff is about 2 ms by default) to the default 10 s deadline.
+/// Suggested bucket bounds for [`BACKOFF`], [`QUEUE_WAIT`], [`WRITE_WAIT`] and
+/// [`WRITE_HELD`], in seconds: from half a millisecond (a first backoff is about 2 ms by
+/// default, a write transaction takes 0.1 to 1 ms) to the default 10 s deadline.
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const SECONDS_BUCKETS: &[f64] = &[
@@ -189,13 +225,18 @@ mod emit {
     use http::Method;
     use metrics::{Label, Unit};
 
-    use super::{ATTEMPTS, BACKOFF, BUFFERED_BYTES, QUEUE_WAIT, REPLAYS, REQUESTS};
+    use super::{
+        ATTEMPTS, BACKOFF, BUFFERED_BYTES, QUEUE_WAIT, REPLAYS, REQUESTS, WRITE_HELD, WRITE_WAIT,
+        WRITE_WAITING,
+    };
     use crate::attempt::Outcome;
+    use crate::route::Route;
 
     const ROUTE: &str = "http_route";
     const METHOD: &str = "http_request_method";
     const OUTCOME: &str = "outcome";
     const ERROR_TYPE: &str = "error_type";
+    const DATABASE: &str = "database";
     /// `http_route` when no route template is known.
     const NO_ROUTE: &str = "_unknown";
 
@@ -233,6 +274,22 @@ mod emit {
                 BUFFERED_BYTES,
                 Unit::Bytes,
                 "Request-body bytes held for replay, all retry layers together."
+            );
+            metrics::describe_histogram!(
+                WRITE_WAIT,
+                Unit::Seconds,
+                "Time a write transaction waited for its database's write turn (0 when free)."
+            );
+            metrics::describe_histogram!(
+                WRITE_HELD,
+                Unit::Seconds,
+                "Time a write transaction held its database's write turn; the rate of the sum, \
+                 by database, is the writer's utilization (1.0: the database at its write limit)."
+            );
+            metrics::describe_gauge!(
+                WRITE_WAITING,
+                Unit::Count,
+                "Write transactions waiting for their database's write turn now."
             );
         }
     }
@@ -298,6 +355,40 @@ mod emit {
         metrics::histogram!(QUEUE_WAIT, vec![route(route_), method(method_)]).record(waited);
     }
 
+    /// The route and method labels of a write transaction: its request's, or `_unknown` and
+    /// `_OTHER` outside a request (the write path used without the layer).
+    fn write_labels(route_: Option<&Route>) -> [Label; 2] {
+        match route_ {
+            Some(r) => [route(r.path()), method(&r.method)],
+            None => [
+                Label::from_static_parts(ROUTE, NO_ROUTE),
+                Label::from_static_parts(METHOD, "_OTHER"),
+            ],
+        }
+    }
+
+    pub(crate) fn write_wait(route_: Option<&Route>, waited: Duration) {
+        metrics::histogram!(WRITE_WAIT, write_labels(route_).to_vec()).record(waited);
+    }
+
+    pub(crate) fn write_held(route_: Option<&Route>, database: &Arc<str>, held: Duration) {
+        let [route, method] = write_labels(route_);
+        let labels = vec![route, method, Label::new(DATABASE, Arc::clone(database))];
+        metrics::histogram!(WRITE_HELD, labels).record(held);
+    }
+
+    pub(crate) fn write_waiting(database: &Arc<str>, delta: i8) {
+        let gauge = metrics::gauge!(
+            WRITE_WAITING,
+            vec![Label::new(DATABASE, Arc::clone(database))]
+        );
+        if delta > 0 {
+            gauge.increment(f64::from(delta));
+        } else {
+            gauge.decrement(f64::from(-delta));
+        }
+    }
+
     pub(crate) fn buffered_bytes(delta: isize) {
         let gauge = metrics::gauge!(BUFFERED_BYTES);
         // Exact in an f64 up to 2^53 bytes.
@@ -351,6 +442,37 @@ pub(crate) fn queue_wait(route: Option<&str>, method: &Method, waited: Duration)
     emit::queue_wait(route, method, waited);
     #[cfg(not(feature = "metrics"))]
     let _ = (route, method, waited);
+}
+
+/// A write transaction took its database's turn after waiting `waited`.
+#[inline]
+pub(crate) fn write_wait(route: Option<&crate::route::Route>, waited: Duration) {
+    #[cfg(feature = "metrics")]
+    emit::write_wait(route, waited);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (route, waited);
+}
+
+/// A write transaction held its database's turn for `held`.
+#[inline]
+pub(crate) fn write_held(
+    route: Option<&crate::route::Route>,
+    database: &std::sync::Arc<str>,
+    held: Duration,
+) {
+    #[cfg(feature = "metrics")]
+    emit::write_held(route, database, held);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (route, database, held);
+}
+
+/// One more (`1`) or one fewer (`-1`) write transaction waiting for `database`'s turn.
+#[inline]
+pub(crate) fn write_waiting(database: &std::sync::Arc<str>, delta: i8) {
+    #[cfg(feature = "metrics")]
+    emit::write_waiting(database, delta);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (database, delta);
 }
 
 /// Bytes buffered for replay, all layers together: `delta` more (positive) or fewer.

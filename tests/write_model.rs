@@ -55,15 +55,25 @@ mod attempt {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
 
+    use crate::route::Route;
+
     pub(crate) struct RequestState {
         fenced: AtomicBool,
+        route: Route,
     }
 
     impl RequestState {
         pub(crate) fn new() -> Self {
             Self {
                 fenced: AtomicBool::new(false),
+                route: Route {
+                    method: http::Method::POST,
+                },
             }
+        }
+
+        pub(crate) fn route(&self) -> &Route {
+            &self.route
         }
 
         pub(crate) fn fence(&self) {
@@ -102,9 +112,35 @@ mod attempt {
     }
 }
 
-/// What the turn's holder synchronizes with: shuttle's, so that the scheduler sees it.
+/// What the turn's holder and counts synchronize with: shuttle's, so that the scheduler sees
+/// them.
 mod sync {
-    pub(super) use shuttle::sync::atomic::{AtomicUsize, Ordering};
+    pub(super) use shuttle::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+}
+
+/// The crate's `route` as the write path's counts see it: a request's method and template.
+mod route {
+    pub(crate) struct Route {
+        pub(crate) method: http::Method,
+    }
+
+    impl Route {
+        pub(crate) fn path(&self) -> Option<&str> {
+            Some("/model")
+        }
+    }
+}
+
+/// The crate's `recorder` without the `metrics` feature: nothing is emitted.
+mod recorder {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::route::Route;
+
+    pub(crate) fn write_wait(_: Option<&Route>, _: Duration) {}
+    pub(crate) fn write_held(_: Option<&Route>, _: &Arc<str>, _: Duration) {}
+    pub(crate) fn write_waiting(_: &Arc<str>, _: i8) {}
 }
 
 // The write path's files, as they are (their `super::` is this crate's root here).
@@ -112,6 +148,8 @@ mod sync {
 mod driver;
 #[path = "../src/write/pool.rs"]
 mod pool;
+#[path = "../src/write/stats.rs"]
+mod stats;
 #[path = "../src/write/transaction.rs"]
 mod transaction;
 #[path = "../src/write/turn.rs"]
@@ -770,6 +808,13 @@ fn scenario(old_protocol: bool) {
         }
     }
     assert_eq!(*db.lock.lock().unwrap(), None, "the write lock is free");
+    let stats = writes.stats().expect("the database was asked");
+    assert_eq!(stats.waiting, 0, "{scripts:?}: nobody is counted waiting");
+    assert!(
+        !stats.held,
+        "{scripts:?}: nobody is counted holding the turn"
+    );
+    assert!(stats.transactions >= 1);
     for conn in db.connections.lock().unwrap().iter() {
         // Every connection still in use (the writer connection, if any): a dropped one closes,
         // rolling back whatever it holds.

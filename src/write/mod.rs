@@ -236,6 +236,7 @@ mod pool;
 mod queue;
 #[cfg(feature = "sqlite-write")]
 mod sqlx;
+mod stats;
 mod transaction;
 mod turn;
 #[cfg(test)]
@@ -245,6 +246,7 @@ mod turn_tests;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite-write")))]
 pub use self::sqlx::{WritePool, WriteTransaction};
 pub use queue::{TurnError, WriteQueue, WriteTurn};
+pub use stats::WriteStats;
 
 /// The one implementation of the write path, generic over the driver: what
 /// `tower-sqlite-retry-sqlx08` builds sqlx 0.8's `WritePool` on. Not a public API: it may
@@ -258,7 +260,7 @@ pub mod shared {
 
 /// The synchronization the turn's holder uses: std's here, shuttle's in the model check.
 mod sync {
-    pub(super) use std::sync::atomic::{AtomicUsize, Ordering};
+    pub(super) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 }
 
 /// Whether the request being polled on this thread holds a write transaction open (the turn

@@ -7,10 +7,12 @@
 use std::fmt;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::OnceCell;
 
 use super::driver::Driver;
+use super::stats::{SLOW_DEFAULT, WriteStats};
 use super::transaction::Transaction;
 use super::turn::Queue;
 
@@ -28,6 +30,8 @@ pub(super) struct Shared<D: Driver> {
     /// Which database `pool` opens, and so which turn its writers take: asked of SQLite on the
     /// first write transaction.
     target: OnceCell<Target<D>>,
+    /// A write transaction that holds the turn this long is reported (a WARN).
+    pub(super) slow: Option<Duration>,
 }
 
 /// The database a `WritePool` writes to, as SQLite named it.
@@ -52,19 +56,38 @@ impl<D: Driver> WritePool<D> {
     /// The write path over `pool`, with a writer connection of its own (`own`) or with
     /// connections from `pool`. Opens nothing.
     pub fn new(pool: D::Pool, own: bool) -> Self {
+        Self::build(pool, own, Some(SLOW_DEFAULT))
+    }
+
+    fn build(pool: D::Pool, own: bool, slow: Option<Duration>) -> Self {
         let opener = own.then(|| D::opener(&pool));
         Self {
             shared: Arc::new(Shared {
                 pool,
                 opener,
                 target: OnceCell::new(),
+                slow,
             }),
         }
     }
 
     /// The same pool, writing on a connection of its own or not.
     pub fn writer_connection(self, own: bool) -> Self {
-        Self::new(self.shared.pool.clone(), own)
+        let shared = &self.shared;
+        Self::build(shared.pool.clone(), own, shared.slow)
+    }
+
+    /// The same pool, reporting write transactions that hold the turn `slow` or longer
+    /// (`None`: none).
+    pub fn slow_transaction(self, slow: Option<Duration>) -> Self {
+        let shared = &self.shared;
+        Self::build(shared.pool.clone(), shared.opener.is_some(), slow)
+    }
+
+    /// The turn's counts now, once the first write transaction asked SQLite which database
+    /// the pool writes to (`None` before).
+    pub fn stats(&self) -> Option<WriteStats> {
+        Some(self.shared.target.get()?.queue.stats())
     }
 
     /// Waits for the turn, then begins `IMMEDIATE` (see [`Transaction::begin`]).
@@ -221,6 +244,7 @@ impl<D: Driver> fmt::Debug for WritePool<D> {
         let target = self.shared.target.get();
         f.debug_struct("WritePool")
             .field("own_writer_connection", &self.shared.opener.is_some())
+            .field("slow_transaction", &self.shared.slow)
             .field("queue", &target.map(|t| &t.queue))
             .finish_non_exhaustive()
     }

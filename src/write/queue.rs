@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::attempt::current_request;
 
+use super::stats::{SLOW_DEFAULT, WriteStats};
 use super::transaction::bound;
 use super::turn::{Queue, Turn};
 
@@ -29,6 +30,7 @@ use super::turn::{Queue, Turn};
 #[derive(Clone)]
 pub struct WriteQueue {
     queue: Arc<Queue>,
+    slow: Option<Duration>,
 }
 
 impl WriteQueue {
@@ -37,7 +39,29 @@ impl WriteQueue {
     pub fn for_file(path: impl AsRef<Path>) -> Self {
         Self {
             queue: Queue::of_file(path.as_ref()),
+            slow: Some(SLOW_DEFAULT),
         }
+    }
+
+    /// Reports (a WARN, at most one a second per database) a turn held `slow` or longer
+    /// (`None`: never); 250 ms by default. See [`WritePool::slow_transaction`][slow].
+    ///
+    #[cfg_attr(
+        feature = "sqlite-write",
+        doc = "[slow]: crate::WritePool::slow_transaction"
+    )]
+    #[cfg_attr(
+        not(feature = "sqlite-write"),
+        doc = "[slow]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WritePool.html#method.slow_transaction"
+    )]
+    pub fn slow_transaction(mut self, slow: Option<Duration>) -> Self {
+        self.slow = slow;
+        self
+    }
+
+    /// The turn's counts now: writers waiting, transactions, time held (see [`WriteStats`]).
+    pub fn stats(&self) -> WriteStats {
+        self.queue.stats()
     }
 
     /// The file's canonical path.
@@ -61,7 +85,7 @@ impl WriteQueue {
         let deadline = request.as_ref().and_then(|r| r.deadline());
         let turn = self
             .queue
-            .take(request, || bound(deadline, limit))
+            .take(request, self.slow, || bound(deadline, limit))
             .await
             .ok_or(TurnError::TimedOut)?;
         Ok(WriteTurn { turn })

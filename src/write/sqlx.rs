@@ -17,6 +17,7 @@ use sqlx_sqlite::{
 };
 
 use super::driver::Driver;
+use super::stats::WriteStats;
 use super::{pool, transaction};
 
 /// sqlx 0.9's SQLite driver, as the write path uses it.
@@ -201,6 +202,25 @@ impl WritePool {
         Self {
             inner: self.inner.writer_connection(own),
         }
+    }
+
+    /// Reports write transactions that hold the turn `slow` or longer (`None`: none); 250 ms
+    /// by default. The report is a WARN (target `tower_sqlite_retry`, `slow write
+    /// transaction`) naming the route and method, with the time held and waited; at most one
+    /// a second per database, each saying how many were left out since the last. It carries
+    /// no user data. A transaction that holds the turn has every other writer wait as long:
+    /// this is the database's slow-transaction log.
+    pub fn slow_transaction(self, slow: Option<Duration>) -> Self {
+        Self {
+            inner: self.inner.slow_transaction(slow),
+        }
+    }
+
+    /// The database's write turn now: writers waiting, transactions, time held; two readings
+    /// give its utilization ([`WriteStats::utilization_since`]). `None` until the first write
+    /// transaction asked SQLite which database the pool writes to.
+    pub fn stats(&self) -> Option<WriteStats> {
+        self.inner.stats()
     }
 
     /// Waits for this database's write turn, then begins `IMMEDIATE` on the writer connection.

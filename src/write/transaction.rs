@@ -113,7 +113,7 @@ impl<D: Driver> Transaction<D> {
         let acquire_timeout = D::acquire_timeout(&home.pool);
         let turn = target
             .queue
-            .take(request, || bound(deadline, acquire_timeout))
+            .take(request, home.slow, || bound(deadline, acquire_timeout))
             .await
             .ok_or_else(D::timed_out)?;
         // Only now a connection: waiting writers hold none. A failure gives the turn back.

@@ -10,12 +10,14 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::time::Duration;
 
 use tokio::sync::{Semaphore, TryAcquireError};
 use tokio::time::Instant;
 
 use crate::attempt::RequestState;
 
+use super::stats::{TurnCounts, WriteStats};
 use super::sync::{AtomicUsize, Ordering};
 
 /// The queues by key. Weak: a queue lives as long as a `WritePool` (or a turn) on its database
@@ -51,6 +53,8 @@ pub(crate) struct Queue {
     path: Option<PathBuf>,
     /// What the `Private` key is the address of.
     _anchor: Option<Arc<dyn Any + Send + Sync>>,
+    /// How many wait, how long the turn is held: what the queue says of itself.
+    counts: TurnCounts,
 }
 
 impl Queue {
@@ -78,11 +82,16 @@ impl Queue {
             return queue;
         }
         queues.retain(|_, q| q.strong_count() > 0);
+        let database: Arc<str> = match path.as_deref().and_then(Path::file_name) {
+            Some(name) => name.to_string_lossy().into(),
+            None => "memory".into(),
+        };
         let queue = Arc::new(Queue {
             turn: Semaphore::new(1),
             holder: AtomicUsize::new(0),
             path,
             _anchor: anchor,
+            counts: TurnCounts::new(database),
         });
         queues.insert(key, Arc::downgrade(&queue));
         queue
@@ -91,6 +100,11 @@ impl Queue {
     /// The file this queue serializes writers of (`None` for an in-memory database).
     pub(crate) fn path(&self) -> Option<&Path> {
         self.path.as_deref()
+    }
+
+    /// How many wait for the turn, how long it was held.
+    pub(crate) fn stats(&self) -> WriteStats {
+        self.counts.snapshot()
     }
 
     /// Whether nobody holds the turn and nobody is named its holder.
@@ -104,21 +118,26 @@ impl Queue {
     }
 
     /// Waits for the turn, in arrival order, until `until()` (asked only if the turn is not
-    /// free at once). `None` when the bound passed first: the wait left the line.
+    /// free at once). `None` when the bound passed first: the wait left the line. Holding it
+    /// for `slow` or longer is reported (see `stats.rs`).
     pub(crate) async fn take(
         self: &Arc<Self>,
         request: Option<Arc<RequestState>>,
+        slow: Option<Duration>,
         until: impl FnOnce() -> Option<Instant>,
     ) -> Option<Turn> {
-        let permit = match self.turn.try_acquire() {
-            Ok(permit) => permit,
+        let (permit, waited) = match self.turn.try_acquire() {
+            Ok(permit) => (permit, Duration::ZERO),
             Err(TryAcquireError::NoPermits) => {
+                let started = std::time::Instant::now();
+                let _waiting = self.counts.waiting();
                 let acquire = self.turn.acquire();
                 let acquired = match until() {
                     Some(until) => tokio::time::timeout_at(until, acquire).await.ok()?,
                     None => acquire.await,
                 };
-                acquired.expect("the turn's semaphore is never closed")
+                let permit = acquired.expect("the turn's semaphore is never closed");
+                (permit, started.elapsed())
             }
             Err(TryAcquireError::Closed) => unreachable!("the turn's semaphore is never closed"),
         };
@@ -127,9 +146,15 @@ impl Queue {
         permit.forget();
         self.holder
             .store(request.as_ref().map_or(0, address), Ordering::Release);
+        let taken = self
+            .counts
+            .taken(request.as_deref().map(RequestState::route), waited);
         Some(Turn {
             queue: Arc::clone(self),
             request,
+            taken,
+            waited,
+            slow,
         })
     }
 }
@@ -170,12 +195,17 @@ impl fmt::Debug for Queue {
 /// to the next in line.
 pub(crate) struct Turn {
     queue: Arc<Queue>,
-    /// The request that holds the turn (named in the queue's `holder` while this is `Some`).
+    /// The request the turn was taken for: named in the queue's `holder` until it lets go
+    /// ([`release_request`](Turn::release_request)), kept alive at least that long.
     request: Option<Arc<RequestState>>,
+    taken: std::time::Instant,
+    waited: Duration,
+    /// The slow-transaction threshold.
+    slow: Option<Duration>,
 }
 
 impl Turn {
-    /// The request this turn was taken for, if it is still named as its holder.
+    /// The request this turn was taken for.
     pub(crate) fn request(&self) -> Option<&Arc<RequestState>> {
         self.request.as_ref()
     }
@@ -184,7 +214,7 @@ impl Turn {
     /// request may queue for the turn again, behind that rollback, instead of being told it
     /// already holds it.
     pub(crate) fn release_request(&mut self) {
-        if self.request.take().is_some() {
+        if self.request.is_some() {
             self.queue.holder.store(0, Ordering::Release);
         }
     }
@@ -192,10 +222,16 @@ impl Turn {
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        // NOTE: the holder is cleared before the request's state can be freed (it is a field
-        // of `self`, dropped after this body), and before the permit goes to the next in line.
+        // NOTE: the holder is cleared while the request's state is alive (a field of `self`,
+        // dropped after this body), and the counts are settled before the permit goes to the
+        // next in line (who sets them again); the metrics and the WARN come after.
         self.release_request();
+        let held = self.queue.counts.given_back(self.taken);
         self.queue.turn.add_permits(1);
+        let route = self.request.as_deref().map(RequestState::route);
+        self.queue
+            .counts
+            .report(route, self.waited, held, self.slow);
     }
 }
 

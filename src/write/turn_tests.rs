@@ -9,6 +9,13 @@ use tokio::time::Instant;
 
 use super::turn::*;
 use crate::attempt::RequestState;
+use crate::route::Route;
+
+/// A request's state, as the layer makes it for a `POST`.
+fn request(layer: usize) -> RequestState {
+    let (head, ()) = http::Request::post("/").body(()).unwrap().into_parts();
+    RequestState::new(layer, 0, None, Route::of(&head))
+}
 
 #[test]
 fn two_spellings_of_one_file_share_a_queue() {
@@ -49,18 +56,24 @@ fn private_databases_share_a_queue_only_through_their_anchor() {
 async fn a_request_named_by_a_turn_is_never_confused_with_another() {
     let dir = tempfile::tempdir().unwrap();
     let queue = Queue::of_file(&dir.path().join("id.db"));
-    let first = Arc::new(RequestState::new(1, 0, None));
-    let mut turn = queue.take(Some(first.clone()), || None).await.unwrap();
+    let first = Arc::new(request(1));
+    let mut turn = queue
+        .take(Some(first.clone()), None, || None)
+        .await
+        .unwrap();
     assert!(queue.is_held_by(Some(&first)));
     // The request lets go (its transaction is being rolled back) and ends; the turn still
     // runs. A request allocated now is not its holder, whatever its address.
     turn.release_request();
     drop(first);
-    let later = Arc::new(RequestState::new(1, 0, None));
+    let later = Arc::new(request(1));
     assert!(!queue.is_held_by(Some(&later)));
     assert!(!held_by(&later));
     drop(turn);
-    let turn = queue.take(Some(later.clone()), || None).await.unwrap();
+    let turn = queue
+        .take(Some(later.clone()), None, || None)
+        .await
+        .unwrap();
     assert!(held_by(&later));
     drop(turn);
     assert!(!held_by(&later));
@@ -77,11 +90,12 @@ async fn the_turn_is_held_by_one_at_a_time_and_never_lost() {
         let inside = inside.clone();
         tasks.push(tokio::spawn(async move {
             for _ in 0..200 {
-                let request = Arc::new(RequestState::new(i, 0, None));
+                let request = Arc::new(request(i));
                 // Every third waiter gives up at once (its bound has passed): it must leave
                 // the line without taking or losing the turn.
                 let bound = (i % 3 == 0).then(Instant::now);
-                let Some(turn) = queue.take(Some(request.clone()), move || bound).await else {
+                let Some(turn) = queue.take(Some(request.clone()), None, move || bound).await
+                else {
                     continue;
                 };
                 assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0);

@@ -1,0 +1,227 @@
+//! What a database's write turn says of itself: how many writers wait for it, how long each
+//! waited and held it, how busy it is (the share of wall time it is held: at 1.0 the database
+//! is at its write limit); and the slow-transaction WARN.
+//!
+//! The counts live here, beside the turn they count (`Queue::stats`); the metrics and the
+//! WARN are emitted after the turn went on, outside the serialized section.
+
+use std::fmt;
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant};
+
+use super::sync::{AtomicU64, AtomicUsize, Ordering};
+use crate::recorder;
+use crate::route::Route;
+
+/// What time is measured from: nanoseconds since this instant fit a `u64` for 584 years.
+static BASE: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+fn nanos_since_base(at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(*BASE).as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// How often the slow-transaction WARN may be written, per database: the rest are counted and
+/// the next WARN says how many.
+const WARN_EVERY: Duration = Duration::from_secs(1);
+
+/// The default slow-transaction threshold: a write transaction that holds the turn this long
+/// has every other writer of the database wait as long.
+pub(crate) const SLOW_DEFAULT: Duration = Duration::from_millis(250);
+
+/// The counts of one database's turn.
+pub(crate) struct TurnCounts {
+    /// The `database` label: the file's name, or `memory`.
+    database: Arc<str>,
+    waiting: AtomicUsize,
+    transactions: AtomicU64,
+    /// Time the turn was held by the transactions that gave it back, in nanoseconds.
+    busy: AtomicU64,
+    /// When the current holder took the turn (nanoseconds since `BASE`, plus one), 0 if free.
+    held_since: AtomicU64,
+    /// The earliest the next slow-transaction WARN may be written (nanoseconds since `BASE`).
+    next_warn: AtomicU64,
+    /// Slow transactions not written since the last WARN.
+    suppressed: AtomicU64,
+}
+
+impl TurnCounts {
+    pub(crate) fn new(database: Arc<str>) -> Self {
+        Self {
+            database,
+            waiting: AtomicUsize::new(0),
+            transactions: AtomicU64::new(0),
+            busy: AtomicU64::new(0),
+            held_since: AtomicU64::new(0),
+            next_warn: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
+    /// A writer starts waiting for the turn; it stops when the guard drops (granted, past its
+    /// bound, or cancelled).
+    pub(crate) fn waiting(&self) -> Waiting<'_> {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        recorder::write_waiting(&self.database, 1);
+        Waiting(self)
+    }
+
+    /// The turn was taken, after `waited`: when, for [`given_back`](Self::given_back).
+    pub(crate) fn taken(&self, route: Option<&Route>, waited: Duration) -> Instant {
+        let now = Instant::now();
+        self.held_since
+            .store(nanos_since_base(now).saturating_add(1), Ordering::Relaxed);
+        recorder::write_wait(route, waited);
+        now
+    }
+
+    /// The turn, taken at `taken`, is being given back: how long it was held. Called before
+    /// the turn goes to the next in line (which sets `held_since` again).
+    pub(crate) fn given_back(&self, taken: Instant) -> Duration {
+        let held = taken.elapsed();
+        self.held_since.store(0, Ordering::Relaxed);
+        self.busy.fetch_add(
+            u64::try_from(held.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        self.transactions.fetch_add(1, Ordering::Relaxed);
+        held
+    }
+
+    /// After the turn went on: the metrics of a transaction that waited `waited` and held the
+    /// turn `held`, and the WARN if it held it past `slow`.
+    pub(crate) fn report(
+        &self,
+        route: Option<&Route>,
+        waited: Duration,
+        held: Duration,
+        slow: Option<Duration>,
+    ) {
+        recorder::write_held(route, &self.database, held);
+        if let Some(threshold) = slow.filter(|t| held >= *t) {
+            self.slow(route, waited, held, threshold);
+        }
+    }
+
+    /// The slow-transaction WARN, at most one per [`WARN_EVERY`] per database; it counts the
+    /// ones left out since the last. No user data: the route template, the method, times.
+    fn slow(&self, route: Option<&Route>, waited: Duration, held: Duration, threshold: Duration) {
+        let now = nanos_since_base(Instant::now());
+        let next = self.next_warn.load(Ordering::Relaxed);
+        let every = u64::try_from(WARN_EVERY.as_nanos()).unwrap_or(u64::MAX);
+        let ours = now >= next
+            && self
+                .next_warn
+                .compare_exchange(
+                    next,
+                    now.saturating_add(every),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok();
+        if !ours {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let suppressed = self.suppressed.swap(0, Ordering::Relaxed);
+        tracing::event!(
+            target: "tower_sqlite_retry",
+            tracing::Level::WARN,
+            http.request.method = route.map(|r| r.method.as_str()),
+            http.route = route.and_then(Route::path),
+            db.namespace = &*self.database,
+            db.write.held_ms = held.as_secs_f64() * 1000.0,
+            db.write.wait_ms = waited.as_secs_f64() * 1000.0,
+            db.write.threshold_ms = threshold.as_secs_f64() * 1000.0,
+            db.write.suppressed = suppressed,
+            "slow write transaction: it held the database's write turn past the threshold, \
+             and every other writer waited"
+        );
+    }
+
+    /// The counts now.
+    pub(crate) fn snapshot(&self) -> WriteStats {
+        let at = Instant::now();
+        let since = self.held_since.load(Ordering::Relaxed);
+        let current = match since {
+            0 => 0,
+            since => nanos_since_base(at).saturating_sub(since - 1),
+        };
+        WriteStats {
+            waiting: self.waiting.load(Ordering::Relaxed),
+            held: since != 0,
+            transactions: self.transactions.load(Ordering::Relaxed),
+            busy: Duration::from_nanos(self.busy.load(Ordering::Relaxed).saturating_add(current)),
+            at,
+        }
+    }
+}
+
+/// A writer waiting for the turn: counted until dropped.
+pub(crate) struct Waiting<'a>(&'a TurnCounts);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
+        recorder::write_waiting(&self.0.database, -1);
+    }
+}
+
+/// A database's write turn, as it stands: the single writer's load.
+///
+/// From [`WritePool::stats`](crate::write::WritePool) or [`WriteQueue::stats`](super::WriteQueue::stats).
+/// Two readings give the turn's **utilization** over the time between them
+/// ([`utilization_since`](Self::utilization_since)): the share of that time a write
+/// transaction held the turn. At 1.0 the database is at its write limit: writers only wait
+/// longer from there.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_sqlite_retry::WriteQueue;
+///
+/// # let dir = std::env::temp_dir();
+/// let queue = WriteQueue::for_file(dir.join("stats-example.db"));
+/// let before = queue.stats();
+/// // ... serve for a while ...
+/// let now = queue.stats();
+/// assert_eq!(now.waiting, 0);
+/// assert!(now.utilization_since(&before) <= 1.0);
+/// ```
+#[derive(Clone, Copy)]
+#[non_exhaustive]
+pub struct WriteStats {
+    /// Write transactions waiting for the turn now: the queue's length.
+    pub waiting: usize,
+    /// Whether a write transaction holds the turn now.
+    pub held: bool,
+    /// Write transactions that held the turn and gave it back, since the queue was made.
+    pub transactions: u64,
+    /// The time the turn was held in all since the queue was made, the current holder's so far
+    /// included.
+    pub busy: Duration,
+    /// When this was read.
+    pub at: Instant,
+}
+
+impl WriteStats {
+    /// The share of the wall time from `earlier` to this reading during which the turn was held
+    /// (0.0 when no time passed). The counts are read one by one, so under load it may stray a
+    /// little above 1.0.
+    pub fn utilization_since(&self, earlier: &WriteStats) -> f64 {
+        let wall = self.at.saturating_duration_since(earlier.at).as_secs_f64();
+        if wall == 0.0 {
+            return 0.0;
+        }
+        self.busy.saturating_sub(earlier.busy).as_secs_f64() / wall
+    }
+}
+
+impl fmt::Debug for WriteStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WriteStats")
+            .field("waiting", &self.waiting)
+            .field("held", &self.held)
+            .field("transactions", &self.transactions)
+            .field("busy", &self.busy)
+            .finish_non_exhaustive()
+    }
+}
