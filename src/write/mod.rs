@@ -116,6 +116,19 @@
 //!   transaction left) and a timer for the deadline; per dropped transaction, one spawned task
 //!   and one round trip (its rollback, then a ping) before the turn goes on.
 //!
+//! # Watching the single writer
+//!
+//! The write lock is the resource an SQLite service runs out of first. Per database:
+//! [`WritePool::stats`][stats] (and [`WriteQueue::stats`]) reads the queue's length, the
+//! transactions so far and the time the turn was held; two readings give the writer's
+//! **utilization** ([`WriteStats::utilization_since`]: at 1.0 the database is at its write
+//! limit). With the `metrics` feature, the time each write transaction waited for the turn
+//! and held it, per route, and the queue's length go to the `metrics` facade (the crate's
+//! `recorder` module lists them, with the feature). A transaction
+//! that holds the turn longer than [`WritePool::slow_transaction`][slow] (250 ms by default) is
+//! logged at WARN with its route, at most once a second per database: the slow-transaction
+//! log. The counting costs two clock readings and a few uncontended atomics per transaction.
+//!
 //! # In a store
 //!
 //! A store that holds the pool and hands `&self.db` to functions generic over sqlx's
@@ -128,6 +141,77 @@
 //! run on the pool outside a transaction is a transaction of its own that begins with its
 //! write, so SQLite's `busy_timeout` covers it without the turn (but not inside an open write
 //! transaction of the same request: see *Write through the transaction* above).
+//!
+//! A store whose constructor is derived (`#[derive(Constructor)]`, `derive-new`'s `new`) would
+//! gain an argument with the new field, and every caller would change: write the three-line
+//! `new` by hand, so that callers keep `Store::new(pool)`. A `BEGIN_IMMEDIATE` constant the
+//! store passed to `begin_with` goes with its uses (`begin()` always begins `IMMEDIATE`);
+//! keep it only for a transaction that deliberately takes a pool connection outside the turn
+//! (a migration at start-up), which then waits in SQLite's busy handler as before.
+//!
+#![cfg_attr(feature = "sqlite-write", doc = "```")]
+#![cfg_attr(not(feature = "sqlite-write"), doc = "```ignore")]
+//! use sqlx::{SqliteConnection, SqlitePool};
+//! use tower_sqlite_retry::WritePool;
+//!
+//! #[derive(Clone)]
+//! pub struct Store {
+//!     db: SqlitePool,     // reads, single statements: unchanged
+//!     writes: WritePool,  // write transactions
+//! }
+//!
+//! impl Store {
+//!     // By hand rather than derived: callers keep `Store::new(pool)`.
+//!     pub fn new(db: SqlitePool) -> Self {
+//!         let writes = WritePool::new(db.clone());
+//!         Self { db, writes }
+//!     }
+//!
+//!     pub async fn rename(&self, id: i64, name: &str) -> Result<(), sqlx::Error> {
+//!         // was: let mut tx = self.db.begin_with(BEGIN_IMMEDIATE).await?;
+//!         let mut tx = self.writes.begin().await?;
+//!         touch(&mut tx, id).await?; // a helper that took `&mut Transaction<'_, Sqlite>`
+//!         sqlx::query("UPDATE items SET name = ? WHERE id = ?")
+//!             .bind(name)
+//!             .bind(id)
+//!             .execute(&mut *tx)
+//!             .await?;
+//!         tx.commit().await
+//!     }
+//!
+//!     pub async fn name(&self, id: i64) -> Result<String, sqlx::Error> {
+//!         sqlx::query_scalar("SELECT name FROM items WHERE id = ?")
+//!             .bind(id)
+//!             .fetch_one(&self.db)
+//!             .await
+//!     }
+//! }
+//!
+//! // was: `tx: &mut Transaction<'_, Sqlite>` and `&mut **tx`.
+//! async fn touch(tx: &mut SqliteConnection, id: i64) -> Result<(), sqlx::Error> {
+//!     sqlx::query("UPDATE items SET touched = touched + 1 WHERE id = ?")
+//!         .bind(id)
+//!         .execute(&mut *tx)
+//!         .await
+//!         .map(drop)
+//! }
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # let options = sqlx::sqlite::SqliteConnectOptions::new()
+//! #     .filename(dir.path().join("store.db"))
+//! #     .create_if_missing(true);
+//! # let pool = SqlitePool::connect_with(options).await?;
+//! # sqlx::query("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT, touched INTEGER DEFAULT 0)")
+//! #     .execute(&pool)
+//! #     .await?;
+//! # sqlx::query("INSERT INTO items (id, name) VALUES (1, 'a')").execute(&pool).await?;
+//! let store = Store::new(pool);
+//! store.rename(1, "b").await?;
+//! assert_eq!(store.name(1).await?, "b");
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! Pair it with WAL (`journal_mode(Wal)`), a `busy_timeout` of a few seconds (for writers in
 //! other processes), and `synchronous(Normal)`.
@@ -210,6 +294,8 @@
     doc = "[writers]: WritePool::writer_connection"
 )]
 #![cfg_attr(feature = "sqlite-write", doc = "[commit]: WriteTransaction::commit")]
+#![cfg_attr(feature = "sqlite-write", doc = "[stats]: WritePool::stats")]
+#![cfg_attr(feature = "sqlite-write", doc = "[slow]: WritePool::slow_transaction")]
 #![cfg_attr(
     not(feature = "sqlite-write"),
     doc = "[`WritePool`]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WritePool.html"
@@ -229,6 +315,14 @@
 #![cfg_attr(
     not(feature = "sqlite-write"),
     doc = "[commit]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WriteTransaction.html#method.commit"
+)]
+#![cfg_attr(
+    not(feature = "sqlite-write"),
+    doc = "[stats]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WritePool.html#method.stats"
+)]
+#![cfg_attr(
+    not(feature = "sqlite-write"),
+    doc = "[slow]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WritePool.html#method.slow_transaction"
 )]
 
 mod driver;
