@@ -63,8 +63,8 @@ use crate::classify::{Detail, Retryable, database_detail};
 ///   `not retried` (WARN) itself, with the code. `DbError` does so: its retryable event is at
 ///   DEBUG, its ERROR event is only for `500`s, which are never replayed.
 ///
-#[cfg_attr(feature = "sqlx", doc = "```")]
-#[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
+#[cfg_attr(all(feature = "sqlx", feature = "axum"), doc = "```")]
+#[cfg_attr(not(all(feature = "sqlx", feature = "axum")), doc = "```ignore")]
 /// use axum::{extract::State, routing::post, Json, Router};
 /// use sqlx::SqlitePool;
 /// use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer};

@@ -20,8 +20,8 @@
 //! [`Retryable`] marker that makes the layer replay the request; when the layer gives up, it
 //! adds `Retry-After`.
 //!
-#![cfg_attr(feature = "sqlx", doc = "```")]
-#![cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
+#![cfg_attr(all(feature = "sqlx", feature = "axum"), doc = "```")]
+#![cfg_attr(not(all(feature = "sqlx", feature = "axum")), doc = "```ignore")]
 //! use axum::{extract::State, routing::post, Json, Router};
 //! use sqlx::SqlitePool;
 //! use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer};
@@ -169,10 +169,10 @@ pub use write::{TurnError, WriteQueue, WriteStats, WriteTurn};
 #[cfg(feature = "sqlite-write")]
 pub use write::{WritePool, WriteTransaction};
 
-// The README's Rust blocks run as doctests (they are handlers on sqlx 0.9: with the `sqlx`
-// feature); the README itself is for people (and a forge).
+// The README's Rust blocks run as doctests (they are axum handlers on sqlx 0.9: with the
+// `sqlx` and `axum` features); the README itself is for people (and a forge).
 #[doc = include_str!("../README.md")]
-#[cfg(all(doctest, feature = "sqlx"))]
+#[cfg(all(doctest, feature = "sqlx", feature = "axum"))]
 pub struct ReadmeDoctests;
 
 #[cfg(test)]

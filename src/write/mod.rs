@@ -228,8 +228,8 @@
 //! The one-line change is the state's type: `SqlitePool` becomes [`WritePool`]. `db.begin()`
 //! keeps its spelling (and now begins `IMMEDIATE`, in turn); reads use `&*db`.
 //!
-#![cfg_attr(feature = "sqlite-write", doc = "```")]
-#![cfg_attr(not(feature = "sqlite-write"), doc = "```ignore")]
+#![cfg_attr(all(feature = "sqlite-write", feature = "axum"), doc = "```")]
+#![cfg_attr(not(all(feature = "sqlite-write", feature = "axum")), doc = "```ignore")]
 //! use axum::{Json, Router, extract::State, routing::post};
 //! use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 //! use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer, WritePool};
