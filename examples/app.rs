@@ -23,12 +23,26 @@
 //!   refuses with `SQLITE_BUSY_SNAPSHOT` under concurrent writers (deferred transaction),
 //!   PostgreSQL with `40001` (`SERIALIZABLE`) and MySQL/MariaDB with `1213` (`SERIALIZABLE`).
 //!   With the layer (`--config layer`, the default): up to `RetryPolicy::default()`'s attempts.
+//!   With `--prep-us N` the handler has work before and after its transaction: about N µs of
+//!   CPU first (hashing the name, standing for parsing and authentication; a replay does it
+//!   again), and a `SELECT COUNT(*)` on the pool after the commit (answered in the
+//!   `x-item-count` header).
 //! - `GET /items?limit=&after=`: a page of items with `id > after` (default limit 50, at most
 //!   500) and `next`, the `after` of the next page.
 //! - `GET /items/{id}`: the item, or `404`.
-//! - `GET /stats`: the retry layers' counters.
+//! - `GET /stats`: the retry layers' counters; with `--config layer-write`, `write_turn` too:
+//!   the database's write turn now (`waiting`, `held`) and since start (`transactions`,
+//!   `busy_seconds`), from `WritePool::stats()`.
 //! - `GET /metrics`: the layers' metrics in Prometheus' text format (run with
-//!   `--features metrics`; see the crate's `recorder` module).
+//!   `--features metrics`; see the crate's `recorder` module: the write path's
+//!   `tower_sqlite_retry_write_wait_seconds`, `_write_held_seconds` and `_write_waiting`
+//!   among them). With `--config layer-write` the app adds, with or without the feature, the
+//!   gauge `tower_sqlite_retry_write_utilization{database="<file name>"}`: the share of the
+//!   time since the previous scrape during which a write transaction held the database's
+//!   turn (1: the database at its write limit), computed at each scrape from two
+//!   `WritePool::stats()` readings (`utilization_since`); the first scrape gives the share
+//!   since the app started, and 0 before the first write transaction. (Meant for one
+//!   scraper: two would each see the time since the other's last scrape.)
 //!
 //! Flags (`--help` explains each):
 //!
@@ -50,9 +64,14 @@
 //!   | `layer-no-admission` | `layer` with `Admission::Off` (the first release's default) | `--pool-size` | `BEGIN` |
 //!   | `layer-queue` | `layer-no-admission`, plus `ConcurrencyLimitLayer::new(1)` inside it on the write route | `--pool-size` | `BEGIN` |
 //!   | `layer-two-pool` | `layer` | `--pool-size` readers + 1 writer | `BEGIN` |
+//!   | `immediate` | none | `--pool-size` | `BEGIN IMMEDIATE` (the one-word fix: writers wait in SQLite's busy handler, each holding a pool connection) |
+//!   | `layer-write` | `layer`'s | `--pool-size` for reads, the write path's writer connection for writes | `WritePool::begin()`: its turn in the process, then `BEGIN IMMEDIATE` |
 //!
-//!   `one-writer`, `two-pool` and `layer-two-pool` need a SQLite file (`--db`);
+//!   `one-writer`, `two-pool`, `immediate`, `layer-two-pool` and `layer-write` need a SQLite
+//!   file (`--db`);
 //! - `--pool-size N` (default 8);
+//! - `--prep-us N` (default 0): about N µs of CPU before `POST /items`' transaction and a
+//!   read after its commit (0: neither), calibrated at start-up;
 //! - `--busy-timeout-ms N` (default 5000, sqlx's default; SQLite only).
 //!
 //! `RUST_LOG` sets the log filter (default `info,tower_sqlite_retry=warn`: a line when the
@@ -61,7 +80,7 @@
 //! `404` with a short text body. Ctrl-C stops it gracefully.
 //!
 //! To see replays, put it under load: `cargo run --release --example contention` runs this
-//! same app against 64 concurrent clients, with and without the layer;
+//! same app against 64 concurrent clients as `bare`, `layer`, `immediate` and `layer-write`;
 //! `cargo bench --bench realclient` measures every `--config` side by side from an outside
 //! client (see BENCHMARKS.md).
 
@@ -82,7 +101,7 @@ use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 
-use app_lib::{Config, DEFAULT_TABLE, Db, redact};
+use app_lib::{Config, DEFAULT_TABLE, Db, Work, redact};
 
 /// The example service: an item list in SQLite (or PostgreSQL, MySQL/MariaDB), with the
 /// retry layer or an expert's configuration instead. See the routes at the top of
@@ -113,9 +132,15 @@ struct Args {
     /// The retry layer, or the configuration an expert would use instead of it.
     #[arg(long, value_enum, default_value = "layer")]
     config: Config,
-    /// Connections in the pool (the readers' pool with two-pool; one-writer has 1).
+    /// Connections in the pool (the readers' pool with two-pool and layer-write; one-writer
+    /// has 1).
     #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
     pool_size: u32,
+    /// CPU work before POST /items' transaction, in µs (hashing, calibrated at start-up), and
+    /// a read (SELECT COUNT(*)) after its commit: a handler with work before and after its
+    /// transaction. 0: neither.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    prep_us: u64,
     /// SQLite's busy_timeout, in milliseconds (SQLite only).
     #[arg(long, value_name = "N", default_value_t = 5000)]
     busy_timeout_ms: u64,
@@ -191,10 +216,13 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             (db, shown)
         }
     };
+    let db = db.with_work(Work::new(args.prep_us));
     // Installed before the layers are built: they describe their metrics to it.
     let prometheus = prometheus::install()?;
     let (app, _metrics) = args.config.router(db.clone());
-    let app = prometheus::route(app, prometheus);
+    // With the write path: its utilization, computed at each scrape.
+    let scraped = db.clone();
+    let app = prometheus::route(app, prometheus, move || scraped.write_utilization_metrics());
 
     let listener = tokio::net::TcpListener::bind(args.addr)
         .await
@@ -204,6 +232,7 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         db = %shown,
         config = args.config.key(),
         setup = %args.config.describe(args.pool_size),
+        prep_us = args.prep_us,
         "listening; Ctrl-C to stop"
     );
     axum::serve(listener, app)

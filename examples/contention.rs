@@ -1,10 +1,13 @@
-//! The demonstration: the example app (`examples/app.rs`) under write contention, once without
-//! `SqliteRetryLayer` and once with `RetryPolicy::default()` (see `--instances` for the write
-//! route's attempts when there are several instances), each on a fresh database.
+//! The demonstration: the example app (`examples/app.rs`) under write contention, each run on a
+//! fresh database: without `SqliteRetryLayer`, with it (`RetryPolicy::default()`; see
+//! `--instances` for the write route's attempts when there are several instances), with the
+//! one-word fix a user would otherwise reach for (`BEGIN IMMEDIATE`, no layer), and with the
+//! write path (the layer and a `WritePool`), side by side.
 //!
 //! ```text
 //! cargo run --release --example contention
 //! cargo run --release --example contention -- --clients 128 --requests 8000 --write-ratio 0.9
+//! cargo run --release --example contention -- --prep-us 500
 //! cargo run --release --example contention -- --json > contention.json
 //! cargo run --release --features postgres --example contention -- \
 //!     --database-url postgres://postgres@127.0.0.1:5432/test --instances 3
@@ -13,10 +16,30 @@
 //! ```
 //!
 //! The app serves on real loopback sockets (`127.0.0.1:0`); `--clients` HTTP/1.1 clients with
-//! keep-alive send `--requests` requests in all, `--write-ratio` of them `POST /items` (a
-//! read-then-write transaction) and the rest `GET /items`. Then the table compares the two
-//! runs, and each run's database is checked against the answers: every `201 Created` has its
-//! row, no row lacks one, nothing was inserted twice, no `seq` repeats.
+//! keep-alive send `--requests` requests in all, `--write-ratio` of them `POST /items` and the
+//! rest `GET /items`. `POST /items` is a handler with work before and after its transaction:
+//! about `--prep-us` µs of CPU (hashing, standing for parsing and authentication), then a
+//! read-then-write transaction (`MAX(seq) + 1`, then an insert), then a read after the commit
+//! (`SELECT COUNT(*)`), the same in every run. The runs (the columns of the table):
+//!
+//! | column | the app's `--config` | layer | `POST /items`' transaction |
+//! |---|---|---|---|
+//! | `without layer` | `bare` | none | deferred `BEGIN` on the pool: concurrent writers fail with `503` |
+//! | `with layer` | `layer` | `RetryPolicy::default()` | the same, replayed by the layer |
+//! | `BEGIN IMMEDIATE` | `immediate` | none | `BEGIN IMMEDIATE` on the pool: writers wait in SQLite's busy handler, each holding a pool connection |
+//! | `write path` | `layer-write` | `RetryPolicy::default()` | `WritePool::begin()`: its turn in the process, then `BEGIN IMMEDIATE` on the `WritePool`'s writer connection; reads stay on the pool |
+//!
+//! The table gives, per run: the answers, throughput, reads/s and writes/s (`GET` and `POST`
+//! answered 2xx per second of the run), latency percentiles, the slowest request and the
+//! slowest write, the layer's replays, the write path's turn (the share of the run a write
+//! transaction held it), and the integrity check: each run's database is checked against the
+//! answers (every `201 Created` has its row, no row lacks one, nothing was inserted twice, no
+//! `seq` repeats). Every figure comes from the run itself; a line compares the write path with
+//! `BEGIN IMMEDIATE`.
+//!
+//! `BEGIN IMMEDIATE` and the write path are SQLite's, and the write path's queue is per
+//! process: with `--database-url` for PostgreSQL or MySQL, or with `--instances` above 1, the
+//! demonstration runs the first two columns only, and says so.
 //!
 //! With `--instances N` each run starts N copies of the app, as a scaled-out deployment would:
 //! N servers, each with its own pool of `--pool-size` connections and its own retry layers,
@@ -34,30 +57,35 @@
 //! The database is a SQLite file by default. `--database-url` names another: `sqlite:PATH`,
 //! `postgres://...` (build with `--features postgres`) or `mysql://...` (MySQL or MariaDB,
 //! `--features mysql`). On a URL the runs use the tables `tsr_demo_without_layer` and
-//! `tsr_demo_with_layer`, dropped and created afresh at the start of a run and dropped at its
-//! end; nothing else in that database is touched. What `POST /items` meets there:
-//! PostgreSQL `40001` (the transaction is `SERIALIZABLE`), MySQL/MariaDB `1213` (deadlock;
-//! `SERIALIZABLE` too); see `examples/common/app_lib.rs`.
+//! `tsr_demo_with_layer` (and, on `sqlite:`, `tsr_demo_immediate` and `tsr_demo_write_path`),
+//! dropped and created afresh at the start of a run and dropped at its end; nothing else in
+//! that database is touched. What `POST /items` meets there: PostgreSQL `40001` (the
+//! transaction is `SERIALIZABLE`), MySQL/MariaDB `1213` (deadlock; `SERIALIZABLE` too); see
+//! `examples/common/app_lib.rs`.
 //!
 //! A run that could demonstrate nothing is refused: `--requests 0`, `--write-ratio 0` (no
 //! writes: nothing contends) and `--clients 1` (one request at a time: no concurrency).
 //!
-//! Exits with status 0 on PASS (the run without the layer failed requests; with it none
-//! failed, and nothing was lost or doubled); 1 if the run with the layer failed any request,
-//! if either run lost or doubled anything, or if no write was sent; 2 on bad flags or a setup
-//! error (a URL whose backend this build lacks says which feature to add); 3 when nothing
-//! failed without the layer either: no contention was shown, and the verdict says so.
+//! Exits with status 0 on PASS (the run without the layer failed requests; with the layer,
+//! with `BEGIN IMMEDIATE` and with the write path none failed, and no run lost or doubled
+//! anything); 1 if the run with the layer, with `BEGIN IMMEDIATE` or with the write path
+//! failed any request, if any run lost or doubled anything, or if no write was sent; 2 on bad
+//! flags or a setup error (a URL whose backend this build lacks says which feature to add); 3
+//! when nothing failed without the layer either: no contention was shown, and the verdict
+//! says so. Which run was faster is shown, never judged: timings on a shared machine vary.
 //!
-//! Flags (`--help` explains each): `--clients N` (64, at least 2), `--requests N` (4000, at
-//! least 1), `--write-ratio F` (0.7, above 0), `--pool-size N`
-//! (8, per instance), `--busy-timeout-ms N` (5000, sqlx's default; SQLite only),
-//! `--instances N` (1), `--max-attempts N` (the write route's, in the run with the layer:
-//! `RetryPolicy::default()`'s with one instance, 16 × N with N), `--database-url URL` (default: SQLite files), `--db PATH` (SQLite
-//! files; default: files in a temporary directory, removed at the end; with `--db items.db`
-//! the runs use `items.without-layer.db` and `items.with-layer.db`, replaced if they exist,
-//! and kept), `--json` (machine-readable report on stdout, no progress bar). `RUST_LOG` sets
-//! the log filter (default `error,tower_sqlite_retry=off`: the table already counts the
-//! retries).
+//! Flags (`--help` explains each): `--clients N` (64, at least 2), `--requests N` (per run, at
+//! least 1; 2500 with the four runs, 4000 with two: a few seconds in all either way), `--write-ratio F` (0.7, above 0), `--prep-us N` (200 µs of CPU
+//! before the transaction, and the read after the commit; 0: neither), `--pool-size N` (8, per
+//! instance), `--busy-timeout-ms N` (5000, sqlx's default; SQLite only), `--instances N` (1),
+//! `--max-attempts N` (the write route's, in the runs with the layer: `RetryPolicy::default()`'s
+//! with one instance, 16 × N with N), `--admission MODE` (adaptive), `--database-url URL`
+//! (default: SQLite files), `--db PATH` (SQLite files; default: files in a temporary
+//! directory, removed at the end; with `--db items.db` the runs use `items.without-layer.db`,
+//! `items.with-layer.db`, `items.immediate.db` and `items.write-path.db`, replaced if they
+//! exist, and kept), `--json` (machine-readable report on stdout, no progress bar).
+//! `RUST_LOG` sets the log filter (default `error,tower_sqlite_retry=off`: the table already
+//! counts the retries).
 
 #[allow(dead_code)] // the configurations of examples/app.rs
 #[path = "common/app_lib.rs"]
@@ -76,17 +104,30 @@ use clap::{CommandFactory, Parser};
 use indicatif::{ProgressBar, ProgressStyle};
 use tower_sqlite_retry::{Admission, RetryPolicy};
 
-use app_lib::{Backend, RetryPolicies, redact};
-use driver::{BoxError, Report, Scenario, Target, Verdict};
+use app_lib::{Backend, RetryPolicies, Work, redact};
+use driver::{Begin, BoxError, Report, Scenario, Target, Verdict};
 
-/// The demonstration: the example app under write contention, without and with
-/// SqliteRetryLayer, each on a fresh database; checks that nothing was lost or doubled.
+/// Requests per run by default with the four runs (4000 with two).
+const REQUESTS_FOUR_RUNS: usize = 2500;
+
+/// The CPU work before `POST /items`' transaction, in µs, unless `--prep-us` says otherwise.
+///
+/// 200 µs: measured on a 2-core machine against 100, 150 and 300 µs, every one showed the
+/// same (the write path's slowest write a fraction of `BEGIN IMMEDIATE`'s, more reads per
+/// second); this is a handler's plausible parsing and authentication, and keeps the
+/// demonstration to a few seconds.
+const DEFAULT_PREP_US: u64 = 200;
+
+/// The demonstration: the example app under write contention, without SqliteRetryLayer, with
+/// it, with BEGIN IMMEDIATE and with the write path, each on a fresh database; checks that
+/// nothing was lost or doubled.
 #[derive(Debug, Parser)]
 #[command(
     name = "contention",
-    after_help = "Exits 0 on PASS; 1 if the run with the layer failed a request, either run \
-    lost or doubled rows, or no write was sent; 2 on bad flags or a setup error; 3 if nothing \
-    failed without the layer either (no contention shown). RUST_LOG sets the log filter \
+    after_help = "Exits 0 on PASS; 1 if the run with the layer, with BEGIN IMMEDIATE or with \
+    the write path failed a request, any run lost or doubled rows, or no write was sent; 2 on \
+    bad flags or a setup error; 3 if nothing failed without the layer either (no contention \
+    shown). Which run was faster is shown, not judged. RUST_LOG sets the log filter \
     (default: error,tower_sqlite_retry=off)."
 )]
 struct Args {
@@ -94,13 +135,19 @@ struct Args {
     /// least 2 (one client sends one request at a time: nothing contends).
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = concurrent_clients)]
     clients: usize,
-    /// Requests in all, per run.
-    #[arg(long, value_name = "N", default_value_t = 4000, value_parser = at_least_one)]
-    requests: usize,
+    /// Requests in all, per run [default: 2500 with the four SQLite runs, 4000 with the two
+    /// runs of --database-url postgres:// or mysql://, or of --instances above 1].
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
+    requests: Option<usize>,
     /// The share of requests that are POST /items (the rest are GET /items), above 0 and at
     /// most 1 (without writes nothing contends).
     #[arg(long, value_name = "0..1", default_value_t = 0.7, value_parser = ratio)]
     write_ratio: f64,
+    /// CPU work (hashing) before POST /items' transaction, in µs, and a read (SELECT COUNT(*))
+    /// after its commit: a handler with work before and after its transaction, the same in
+    /// every run. 0: neither (the bare read-then-write).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_PREP_US)]
+    prep_us: u64,
     /// Connections in each instance's pool.
     #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
     pool_size: u32,
@@ -108,26 +155,29 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 5000)]
     busy_timeout_ms: u64,
     /// Copies of the app on the same database, each with its own pool and its own layers, as a
-    /// scaled-out deployment would run; client c talks to instance c mod N.
+    /// scaled-out deployment would run; client c talks to instance c mod N. Above 1, only the
+    /// runs without and with the layer (the write path's queue is per process).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = at_least_one)]
     instances: usize,
-    /// The write route's max_attempts in the run with the layer [default:
+    /// The write route's max_attempts in the runs with the layer [default:
     /// RetryPolicy::default()'s with one instance, 16 × N with N instances].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     max_attempts: Option<u32>,
-    /// Writer admission in the run with the layer: adaptive (the default: a learned limit on
+    /// Writer admission in the runs with the layer: adaptive (the default: a learned limit on
     /// the attempts in flight of each route that meets contention) or off (every attempt at
     /// once, the first release's behaviour).
     #[arg(long, value_name = "MODE", default_value = "adaptive", value_parser = ["adaptive", "off"])]
     admission: String,
     /// Run on this database instead of SQLite files: sqlite:PATH, postgres://... (build with
     /// --features postgres) or mysql://... (--features mysql); tables tsr_demo_without_layer
-    /// and tsr_demo_with_layer, dropped and created afresh, dropped at the end.
+    /// and tsr_demo_with_layer (and on sqlite: tsr_demo_immediate and tsr_demo_write_path),
+    /// dropped and created afresh, dropped at the end. PostgreSQL and MySQL: only the runs
+    /// without and with the layer (BEGIN IMMEDIATE and the write path are SQLite's).
     #[arg(long, value_name = "URL", conflicts_with = "db")]
     database_url: Option<String>,
-    /// SQLite files: with --db items.db the runs use items.without-layer.db and
-    /// items.with-layer.db, replaced if they exist, and kept [default: files in a temporary
-    /// directory, removed at the end].
+    /// SQLite files: with --db items.db the runs use items.without-layer.db,
+    /// items.with-layer.db, items.immediate.db and items.write-path.db, replaced if they
+    /// exist, and kept [default: files in a temporary directory, removed at the end].
     #[arg(long, value_name = "PATH")]
     db: Option<PathBuf>,
     /// A machine-readable report on stdout, and no progress bar.
@@ -168,6 +218,13 @@ fn ratio(v: &str) -> Result<f64, String> {
 }
 
 impl Args {
+    /// Requests per run: `--requests`, else 2500 with the four runs and 4000 with two (a few
+    /// seconds in all either way).
+    fn requests(&self, four_runs: bool) -> usize {
+        self.requests
+            .unwrap_or(if four_runs { REQUESTS_FOUR_RUNS } else { 4000 })
+    }
+
     /// The write route's `max_attempts` in the run with the layer: `--max-attempts`, else
     /// `RetryPolicy::default()`'s with one instance and 16 per instance with several (every
     /// instance's writers contend for the same rows, and every instance's replay gate lets a
@@ -229,42 +286,106 @@ async fn main() -> ExitCode {
     }
 }
 
-/// Runs both scenarios, reports, and says what they showed.
+/// One run of the demonstration: a column of the table.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    /// The column's name (and the report's label).
+    label: &'static str,
+    /// The file name's tag (`items.<tag>.db`), and the table's (`tsr_demo_<tag>`, with `_`).
+    tag: &'static str,
+    /// With the retry layers.
+    layer: bool,
+    begin: Begin,
+}
+
+/// The runs, in column order: without the layer, with it, `BEGIN IMMEDIATE`, the write path.
+const RUNS: [Run; 4] = [
+    Run {
+        label: "without layer",
+        tag: "without-layer",
+        layer: false,
+        begin: Begin::Deferred,
+    },
+    Run {
+        label: "with layer",
+        tag: "with-layer",
+        layer: true,
+        begin: Begin::Deferred,
+    },
+    Run {
+        label: "BEGIN IMMEDIATE",
+        tag: "immediate",
+        layer: false,
+        begin: Begin::Immediate,
+    },
+    Run {
+        label: "write path",
+        tag: "write-path",
+        layer: true,
+        begin: Begin::WritePath,
+    },
+];
+
+/// Why only the runs without and with the layer are made (`None`: all four are).
+fn only_two_runs(backend: Backend, instances: usize) -> Option<String> {
+    if backend != Backend::Sqlite {
+        Some(format!(
+            "BEGIN IMMEDIATE and the write path (WritePool) are SQLite's: not run on {}",
+            backend.name()
+        ))
+    } else if instances > 1 {
+        Some(format!(
+            "BEGIN IMMEDIATE and the write path: not run with {instances} instances (they \
+             would share this process, and with it the write path's queue, which the separate \
+             processes of a real deployment do not)"
+        ))
+    } else {
+        None
+    }
+}
+
+/// Runs the scenarios, reports, and says what they showed.
 async fn run(args: &Args) -> Result<Verdict, BoxError> {
-    // Kept alive to the end: dropping it removes the files.
-    let mut _tempdir = None;
-    let (without_db, with_db) = match (&args.database_url, &args.db) {
-        (Some(url), _) => (
-            Target::Url {
-                url: url.clone(),
-                table: "tsr_demo_without_layer".into(),
-            },
-            Target::Url {
-                url: url.clone(),
-                table: "tsr_demo_with_layer".into(),
-            },
-        ),
-        (None, Some(path)) => {
-            let pair = (derived(path, "without-layer"), derived(path, "with-layer"));
-            remove_db(&pair.0)?;
-            remove_db(&pair.1)?;
-            (Target::SqliteFile(pair.0), Target::SqliteFile(pair.1))
-        }
-        (None, None) => {
-            let dir = tempfile::tempdir()?;
-            let pair = (
-                dir.path().join("without-layer.db"),
-                dir.path().join("with-layer.db"),
-            );
-            _tempdir = Some(dir);
-            (Target::SqliteFile(pair.0), Target::SqliteFile(pair.1))
-        }
-    };
     let backend = args
         .database_url
         .as_deref()
         .and_then(Backend::of_url)
         .unwrap_or(Backend::Sqlite);
+    let skipped = only_two_runs(backend, args.instances);
+    let runs: &[Run] = if skipped.is_some() { &RUNS[..2] } else { &RUNS };
+    let requests = args.requests(skipped.is_none());
+
+    // Kept alive to the end: dropping it removes the files.
+    let mut _tempdir = None;
+    let targets: Vec<Target> = match (&args.database_url, &args.db) {
+        (Some(url), _) => runs
+            .iter()
+            .map(|r| Target::Url {
+                url: url.clone(),
+                table: format!("tsr_demo_{}", r.tag.replace('-', "_")),
+            })
+            .collect(),
+        (None, Some(path)) => {
+            let mut targets = Vec::new();
+            for r in runs {
+                let file = derived(path, r.tag);
+                remove_db(&file)?;
+                targets.push(Target::SqliteFile(file));
+            }
+            targets
+        }
+        (None, None) => {
+            let dir = tempfile::tempdir()?;
+            let targets = runs
+                .iter()
+                .map(|r| Target::SqliteFile(dir.path().join(format!("{}.db", r.tag))))
+                .collect();
+            _tempdir = Some(dir);
+            targets
+        }
+    };
+    // Calibrated once, before any run: every run does the same work per write.
+    let work = Work::new(args.prep_us);
 
     if !args.json {
         let timeout = if backend == Backend::Sqlite {
@@ -273,10 +394,10 @@ async fn run(args: &Args) -> Result<Verdict, BoxError> {
             String::new()
         };
         println!(
-            "contention: {} clients, {} requests ({:.0}% POST /items, {:.0}% GET /items), \
+            "contention: {} clients, {} requests per run ({:.0}% POST /items, {:.0}% GET /items), \
              {} {} connections{timeout}, {} cores{}",
             args.clients,
-            args.requests,
+            requests,
             args.write_ratio * 100.0,
             (1.0 - args.write_ratio) * 100.0,
             if args.instances == 1 {
@@ -293,10 +414,21 @@ async fn run(args: &Args) -> Result<Verdict, BoxError> {
             }
         );
         println!(
-            "database: {}: {} / {}",
+            "database: {}: {}",
             backend.name(),
-            without_db.describe(),
-            with_db.describe()
+            describe_targets(&targets)
+        );
+        println!(
+            "POST /items: {}",
+            if work.read_after_commit() {
+                format!(
+                    "~{} µs of CPU, then its read-then-write transaction, then a SELECT \
+                     COUNT(*) (--prep-us)",
+                    work.prep_us
+                )
+            } else {
+                "the read-then-write transaction alone (--prep-us 0)".to_string()
+            }
         );
         println!(
             "policy with the layer: RetryPolicy::default(), admission {}, POST /items max_attempts {}{}",
@@ -308,9 +440,25 @@ async fn run(args: &Args) -> Result<Verdict, BoxError> {
                 (None, n) => format!(" (16 × {n} instances; --max-attempts to change)"),
             }
         );
+        if skipped.is_none() {
+            let pool = args.pool_size;
+            println!(
+                "  without layer    pool {pool}, deferred BEGIN: a writer that collides fails (503)"
+            );
+            println!("  with layer       the same, and the layer replays the request");
+            println!(
+                "  BEGIN IMMEDIATE  no layer, pool {pool}: writers wait in SQLite, each holding a connection"
+            );
+            println!(
+                "  write path       the layer and WritePool: writers queue in the process, then BEGIN"
+            );
+            println!(
+                "                   IMMEDIATE on its own connection; reads keep the pool of {pool}"
+            );
+        }
     }
 
-    // The policies of the run with the layer: printed and reported as they are used.
+    // The policies of the runs with the layer: printed and reported as they are used.
     let admission = if args.admission == "off" {
         Admission::Off
     } else {
@@ -323,40 +471,47 @@ async fn run(args: &Args) -> Result<Verdict, BoxError> {
         read: RetryPolicy::default().admission(admission),
     };
 
-    let run_one = |label: &'static str, target: Target, retry: Option<RetryPolicies>| async move {
-        let progress = progress_bar(args, label);
+    let mut reports = Vec::with_capacity(runs.len());
+    for (run, target) in runs.iter().zip(targets) {
+        let progress = progress_bar(args, run.label, requests);
         let report = driver::run(Scenario {
-            label: label.to_string(),
+            label: run.label.to_string(),
             target,
             instances: args.instances,
             clients: args.clients,
-            requests: args.requests,
+            requests,
             write_ratio: args.write_ratio,
             pool_size: args.pool_size,
             busy_timeout: Duration::from_millis(args.busy_timeout_ms),
-            retry,
+            retry: run.layer.then(|| policies.clone()),
+            begin: run.begin,
+            work,
             progress: progress.clone(),
         })
         .await;
         progress.finish_and_clear();
-        if let (Ok(r), false) = (&report, args.json) {
+        let report = report?;
+        if !args.json {
             eprintln!(
-                "{:>14}: {} requests in {:.2} s",
-                r.label, r.requests, r.elapsed_s
+                "{:>15}: {} requests in {:.2} s",
+                report.label, report.requests, report.elapsed_s
             );
         }
-        report
-    };
-    let without = run_one("without layer", without_db, None).await?;
-    let with = run_one("with layer", with_db, Some(policies.clone())).await?;
+        reports.push(report);
+    }
+    let (without, with) = (&reports[0], &reports[1]);
+    let also: Vec<&Report> = reports[2..].iter().collect();
+    let verdict = driver::verdict_with(without, with, &also);
 
-    let verdict = driver::verdict(&without, &with);
     if args.json {
         let out = serde_json::json!({
             "config": {
                 "clients": args.clients,
-                "requests": args.requests,
+                "requests": requests,
                 "write_ratio": args.write_ratio,
+                "prep_us": work.prep_us,
+                "prep_rounds": work.prep_rounds,
+                "read_after_commit": work.read_after_commit(),
                 "pool_size": args.pool_size,
                 "busy_timeout_ms": args.busy_timeout_ms,
                 "instances": args.instances,
@@ -367,37 +522,96 @@ async fn run(args: &Args) -> Result<Verdict, BoxError> {
                 "read_policy": format!("{:?}", policies.read),
                 "release": !cfg!(debug_assertions),
             },
-            "runs": [without, with],
+            "runs": reports,
+            "not_run": skipped,
             "pass": verdict == Verdict::Pass,
             "verdict": verdict,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
-        print_table(&[&without, &with]);
+        let all: Vec<&Report> = reports.iter().collect();
+        print_table(&all);
         if args.instances > 1 {
-            for r in [&without, &with] {
+            for r in &reports {
                 print_instances(r);
             }
         }
         println!();
-        for r in [&without, &with] {
+        for r in &reports {
             println!("{}", integrity_line(r));
         }
-        println!("{}", verdict_line(&without, &with, &verdict));
+        match (&skipped, also.as_slice()) {
+            (Some(why), _) => println!("{why}"),
+            (None, [immediate, write_path]) => {
+                println!("{}", comparison_line(immediate, write_path));
+            }
+            (None, _) => {}
+        }
+        println!("{}", verdict_line(without, with, &also, &verdict));
     }
     Ok(verdict)
 }
 
-fn progress_bar(args: &Args, label: &str) -> ProgressBar {
+/// The runs' databases, for the header: `DIR: a.db, b.db` when they are files of one
+/// directory.
+fn describe_targets(targets: &[Target]) -> String {
+    let files: Option<Vec<&Path>> = targets
+        .iter()
+        .map(|t| match t {
+            Target::SqliteFile(path) => Some(path.as_path()),
+            Target::Url { .. } => None,
+        })
+        .collect();
+    if let Some(files) = files {
+        let dirs: Vec<Option<&Path>> = files.iter().map(|f| f.parent()).collect();
+        if let (Some(Some(dir)), true) = (dirs.first(), dirs.windows(2).all(|w| w[0] == w[1])) {
+            let names: Vec<String> = files
+                .iter()
+                .map(|f| {
+                    f.file_name()
+                        .unwrap_or_default()
+                        .to_string_lossy()
+                        .into_owned()
+                })
+                .collect();
+            return format!(
+                "a fresh file per run in {}: {}",
+                dir.display(),
+                names.join(", ")
+            );
+        }
+    }
+    let urls: Option<Vec<(&str, &str)>> = targets
+        .iter()
+        .map(|t| match t {
+            Target::Url { url, table } => Some((url.as_str(), table.as_str())),
+            Target::SqliteFile(_) => None,
+        })
+        .collect();
+    if let Some(urls) = urls
+        && let Some((url, _)) = urls.first()
+        && urls.iter().all(|(u, _)| u == url)
+    {
+        let tables: Vec<&str> = urls.iter().map(|(_, t)| *t).collect();
+        return format!("{} (tables {})", redact(url), tables.join(", "));
+    }
+    targets
+        .iter()
+        .map(Target::describe)
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
+fn progress_bar(args: &Args, label: &str, requests: usize) -> ProgressBar {
     if args.json {
         return ProgressBar::hidden();
     }
     let style = ProgressStyle::with_template(
-        "{msg:>14} [{bar:40.cyan/blue}] {pos}/{len} {per_sec:>12} eta {eta}",
+        "{msg:>15} [{bar:40.cyan/blue}] {pos}/{len} {per_sec:>12} eta {eta}",
     )
     .expect("valid template")
     .progress_chars("=> ");
-    let bar = ProgressBar::new(args.requests as u64).with_style(style);
+    let bar = ProgressBar::new(requests as u64).with_style(style);
     bar.set_message(label.to_string());
     bar
 }
@@ -443,113 +657,84 @@ fn print_table(runs: &[&Report]) {
     let layer = |r: &Report, f: &dyn Fn(&driver::LayerReport) -> String| {
         r.layer.as_ref().map_or_else(dash, f)
     };
-    let rows: Vec<(&str, Vec<String>)> = vec![
-        ("", runs.iter().map(|r| r.label.clone()).collect()),
+    let each = |f: &dyn Fn(&Report) -> String| runs.iter().map(|r| f(r)).collect::<Vec<_>>();
+    let ms = |v: f64| format!("{v:.1} ms");
+    let mut rows: Vec<(&str, Vec<String>)> = vec![
+        ("", each(&|r| r.label.clone())),
+        ("requests", each(&|r| r.requests.to_string())),
         (
-            "requests (POST/GET)",
-            runs.iter()
-                .map(|r| format!("{} ({}/{})", r.requests, r.writes, r.reads))
-                .collect(),
+            "  POST / GET",
+            each(&|r| format!("{} / {}", r.writes, r.reads)),
         ),
-        (
-            "2xx",
-            runs.iter().map(|r| r.status_2xx.to_string()).collect(),
-        ),
-        (
-            "5xx",
-            runs.iter().map(|r| r.status_5xx.to_string()).collect(),
-        ),
-        (
-            "other (4xx, transport)",
-            runs.iter().map(|r| r.other.to_string()).collect(),
-        ),
-        (
-            "success",
-            runs.iter()
-                .map(|r| format!("{:.1} %", r.success_pct()))
-                .collect(),
-        ),
+        ("2xx", each(&|r| r.status_2xx.to_string())),
+        ("5xx", each(&|r| r.status_5xx.to_string())),
+        ("other (4xx, transport)", each(&|r| r.other.to_string())),
+        ("success", each(&|r| format!("{:.1} %", r.success_pct()))),
         (
             "throughput",
-            runs.iter()
-                .map(|r| format!("{:.0} req/s", r.throughput_rps))
-                .collect(),
+            each(&|r| format!("{:.0} req/s", r.throughput_rps)),
         ),
         (
-            "2xx per second",
-            runs.iter()
-                .map(|r| format!("{:.0} req/s", r.status_2xx as f64 / r.elapsed_s.max(1e-9)))
-                .collect(),
+            "reads/s (GET 2xx)",
+            each(&|r| format!("{:.0}/s", r.reads_per_s)),
         ),
         (
-            "latency p50",
-            runs.iter()
-                .map(|r| format!("{:.1} ms", r.latency_ms.p50))
-                .collect(),
+            "writes/s (POST 2xx)",
+            each(&|r| format!("{:.0}/s", r.writes_per_s)),
         ),
-        (
-            "latency p95",
-            runs.iter()
-                .map(|r| format!("{:.1} ms", r.latency_ms.p95))
-                .collect(),
-        ),
-        (
-            "latency p99",
-            runs.iter()
-                .map(|r| format!("{:.1} ms", r.latency_ms.p99))
-                .collect(),
-        ),
-        (
-            "latency max",
-            runs.iter()
-                .map(|r| format!("{:.1} ms", r.latency_ms.max))
-                .collect(),
-        ),
+        ("latency p50", each(&|r| ms(r.latency_ms.p50))),
+        ("latency p95", each(&|r| ms(r.latency_ms.p95))),
+        ("latency p99", each(&|r| ms(r.latency_ms.p99))),
+        ("latency max", each(&|r| ms(r.latency_ms.max))),
+        ("slowest write", each(&|r| ms(r.write_latency_ms.max))),
+        ("read latency p99", each(&|r| ms(r.read_latency_ms.p99))),
         (
             "retries performed",
-            runs.iter()
-                .map(|r| layer(r, &|l| l.retries.to_string()))
-                .collect(),
+            each(&|r| layer(r, &|l| l.retries.to_string())),
         ),
         (
-            "queued (writer admission)",
-            runs.iter()
-                .map(|r| layer(r, &|l| l.queued.to_string()))
-                .collect(),
+            "queued (admission)",
+            each(&|r| layer(r, &|l| l.queued.to_string())),
         ),
         (
             "gave up after retrying",
-            runs.iter()
-                .map(|r| layer(r, &|l| l.gave_up.to_string()))
-                .collect(),
+            each(&|r| layer(r, &|l| l.gave_up.to_string())),
         ),
         (
-            "rows committed",
-            runs.iter().map(|r| r.integrity.rows.to_string()).collect(),
+            "write turn utilization",
+            each(&|r| {
+                r.write_turn
+                    .as_ref()
+                    .map_or_else(dash, |t| format!("{:.0} %", t.utilization * 100.0))
+            }),
         ),
+        ("rows committed", each(&|r| r.integrity.rows.to_string())),
         (
             "201 Created answered",
-            runs.iter()
-                .map(|r| r.integrity.acknowledged.to_string())
-                .collect(),
+            each(&|r| r.integrity.acknowledged.to_string()),
         ),
         (
             "integrity",
-            runs.iter()
-                .map(|r| if r.integrity.ok { "OK" } else { "BROKEN" }.to_string())
-                .collect(),
+            each(&|r| if r.integrity.ok { "OK" } else { "BROKEN" }.to_string()),
         ),
     ];
-    let width = rows
-        .iter()
-        .flat_map(|(_, vals)| vals.iter().map(String::len))
-        .max()
-        .unwrap_or(0)
-        + 2;
+    if runs.iter().all(|r| r.write_turn.is_none()) {
+        rows.retain(|(name, _)| *name != "write turn utilization");
+    }
+    let name_width = rows.iter().map(|(name, _)| name.len()).max().unwrap_or(0) + 1;
+    let widths: Vec<usize> = (0..runs.len())
+        .map(|c| {
+            rows.iter()
+                .map(|(_, vals)| vals[c].len())
+                .max()
+                .unwrap_or(0)
+                + 2
+        })
+        .collect();
     println!();
     for (name, vals) in &rows {
-        let mut line = format!("{name:<24}");
-        for v in vals {
+        let mut line = format!("{name:<name_width$}");
+        for (v, width) in vals.iter().zip(&widths) {
             line.push_str(&format!("{v:>width$}"));
         }
         println!("{}", line.trim_end());
@@ -557,7 +742,7 @@ fn print_table(runs: &[&Report]) {
     for r in runs {
         if let Some(l) = &r.layer {
             println!(
-                "{:<24}{}: {}",
+                "{:<name_width$}{}: {}",
                 "attempts histogram",
                 r.label,
                 histogram(&l.attempts_histogram)
@@ -565,7 +750,6 @@ fn print_table(runs: &[&Report]) {
         }
     }
 }
-
 /// One line per instance, then the total: the clients' answers and the instance's own layers.
 fn print_instances(r: &Report) {
     println!();
@@ -657,17 +841,51 @@ fn integrity_line(r: &Report) -> String {
     )
 }
 
-fn verdict_line(without: &Report, with: &Report, verdict: &Verdict) -> String {
+/// The write path against `BEGIN IMMEDIATE`, in this run's figures: shown, never judged.
+fn comparison_line(immediate: &Report, write_path: &Report) -> String {
+    let ratio = |a: f64, b: f64| {
+        if b > 0.0 {
+            format!("{:.2}×", a / b)
+        } else {
+            "-".to_string()
+        }
+    };
+    format!(
+        "write path vs BEGIN IMMEDIATE (this run): slowest write {:.0} ms vs {:.0} ms ({}), \
+         p99 {}, reads/s {}, writes/s {}",
+        write_path.write_latency_ms.max,
+        immediate.write_latency_ms.max,
+        ratio(
+            write_path.write_latency_ms.max,
+            immediate.write_latency_ms.max
+        ),
+        ratio(write_path.latency_ms.p99, immediate.latency_ms.p99),
+        ratio(write_path.reads_per_s, immediate.reads_per_s),
+        ratio(write_path.writes_per_s, immediate.writes_per_s),
+    )
+}
+
+fn verdict_line(without: &Report, with: &Report, also: &[&Report], verdict: &Verdict) -> String {
     let before = format!(
         "without it {} of {} requests failed ({:.1} %)",
         without.failures(),
         without.requests,
         100.0 - without.success_pct()
     );
+    let others = match also {
+        [] => String::new(),
+        runs => format!(
+            "; {} runs: no failures either, nothing lost or doubled",
+            runs.iter()
+                .map(|r| r.label.as_str())
+                .collect::<Vec<_>>()
+                .join(" and ")
+        ),
+    };
     match verdict {
         Verdict::Pass => format!(
             "verdict: PASS: with the layer all {} requests succeeded and nothing was lost or \
-             doubled; {before}",
+             doubled; {before}{others}",
             with.requests
         ),
         Verdict::NoContention => format!(

@@ -27,8 +27,8 @@ use tempfile::TempDir;
 use tower::ServiceExt;
 use tower_sqlite_retry::{Jitter, Outcome, RetryOutcome, RetryPolicy};
 
-use app_lib::{AppMetrics, Config, Item, Page, RetryPolicies, open_pool, router};
-use driver::{Scenario, Target};
+use app_lib::{AppMetrics, Config, Item, Page, RetryPolicies, Work, open_pool, router};
+use driver::{Begin, Scenario, Target};
 
 struct TestApp {
     // Dropped last: removes the database file.
@@ -345,7 +345,7 @@ async fn metrics_scrape_shows_the_layers_series() {
     let handle = recorder.handle();
     let _local = metrics::set_default_local_recorder(&recorder);
     let mut t = with_layer().await;
-    t.app = prometheus::route(t.app.clone(), handle);
+    t.app = prometheus::route(t.app.clone(), handle, String::new);
 
     t.create("apple").await;
     assert_eq!(t.get("/items").await.status(), StatusCode::OK);
@@ -453,6 +453,8 @@ fn scenario(dir: &TempDir, name: &str, retry: Option<RetryPolicies>) -> Scenario
         pool_size: 8,
         busy_timeout: Duration::from_secs(5),
         retry,
+        begin: Begin::Deferred,
+        work: Work::default(),
         progress: ProgressBar::hidden(),
     }
 }
@@ -540,6 +542,48 @@ async fn a_demonstration_without_contention_is_not_a_pass() {
     ));
 }
 
+/// The demonstration's other runs (`BEGIN IMMEDIATE`, the write path) must fail nothing and
+/// lose nothing too; how fast they were is no part of the verdict.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_demonstration_fails_when_another_run_fails_a_request_or_breaks_integrity() {
+    let (without, with) = both_runs(4, 0.7).await;
+    let mut failed = without.clone();
+    failed.status_2xx -= 1;
+    failed.status_5xx += 1;
+    let mut other = with.clone();
+    other.label = "BEGIN IMMEDIATE".into();
+    assert_eq!(
+        driver::verdict_with(&failed, &with, &[&other, &with]),
+        driver::Verdict::Pass
+    );
+    // Slower is still a pass.
+    let mut slow = other.clone();
+    (slow.latency_ms.max, slow.write_latency_ms.max) = (60_000.0, 60_000.0);
+    slow.reads_per_s /= 100.0;
+    assert_eq!(
+        driver::verdict_with(&failed, &with, &[&slow]),
+        driver::Verdict::Pass
+    );
+
+    let mut one_failed = other.clone();
+    one_failed.status_2xx -= 1;
+    one_failed.status_5xx += 1;
+    let verdict = driver::verdict_with(&failed, &with, &[&one_failed]);
+    assert!(
+        matches!(&verdict, driver::Verdict::Fail(why)
+            if why.iter().any(|w| w.contains("1 of 40 requests failed in the run BEGIN IMMEDIATE"))),
+        "{verdict:?}"
+    );
+    let mut broken = other.clone();
+    broken.integrity.ok = false;
+    let verdict = driver::verdict_with(&failed, &with, &[&broken]);
+    assert!(
+        matches!(&verdict, driver::Verdict::Fail(why)
+            if why.iter().any(|w| w.contains("the run BEGIN IMMEDIATE lost or doubled rows"))),
+        "{verdict:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_demonstration_without_writes_fails_and_says_why() {
     let (without, with) = both_runs(8, 0.0).await;
@@ -614,8 +658,10 @@ async fn expert_configurations_serialize_writers_without_any_replay() {
     for config in [
         Config::OneWriter,
         Config::TwoPool,
+        Config::Immediate,
         Config::LayerQueue,
         Config::LayerTwoPool,
+        Config::LayerWrite,
     ] {
         let dir = tempfile::tempdir().unwrap();
         let db = config
@@ -628,8 +674,9 @@ async fn expert_configurations_serialize_writers_without_any_replay() {
             statuses.iter().all(|s| *s == StatusCode::CREATED),
             "{config:?}: {statuses:?}"
         );
-        // One writer at a time (a single write connection, or the limit inside the layer,
-        // built once): no transaction ever met another, so nothing was replayed.
+        // One writer at a time (a single write connection, the write lock taken first, the
+        // limit inside the layer built once, or the write path's turn): no transaction ever
+        // met another, so nothing was replayed.
         assert_eq!(
             metrics.map_or(0, |m| m.snapshot().retries()),
             0,
@@ -657,7 +704,10 @@ async fn only_the_layer_configurations_have_retry_layers() {
             .await
             .unwrap();
         let (app, metrics) = config.router(db);
-        let with_layer = !matches!(config, Config::Bare | Config::OneWriter | Config::TwoPool);
+        let with_layer = !matches!(
+            config,
+            Config::Bare | Config::OneWriter | Config::TwoPool | Config::Immediate
+        );
         assert_eq!(metrics.is_some(), with_layer, "{config:?}");
         let res = app
             .oneshot(
@@ -673,4 +723,160 @@ async fn only_the_layer_configurations_have_retry_layers() {
             assert_eq!(metrics.write.snapshot().first_try, 1, "{config:?}");
         }
     }
+}
+
+/// `immediate` and `layer-write` as the demonstration runs them: real HTTP on loopback,
+/// concurrent writers and readers, a handler with work before and after its transaction;
+/// nothing fails, and the database holds exactly what was answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn immediate_and_the_write_path_serve_over_http_with_integrity() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = Work::new(20);
+    assert!(work.read_after_commit() && work.prep_rounds > 0, "{work:?}");
+    for (name, begin, retry) in [
+        ("immediate", Begin::Immediate, None),
+        (
+            "write-path",
+            Begin::WritePath,
+            Some(RetryPolicies::both(RetryPolicy::default())),
+        ),
+    ] {
+        let mut s = scenario(&dir, name, retry);
+        (s.begin, s.work) = (begin, work);
+        let report = driver::run(s).await.unwrap();
+        assert_eq!(report.begin, begin);
+        assert_eq!(report.requests, 300, "{name}");
+        assert_eq!(report.failures(), 0, "{name}: {report:#?}");
+        assert!(report.writes > 0 && report.reads > 0, "{name}: {report:#?}");
+        assert_eq!(report.writes_2xx, report.writes, "{name}");
+        assert_eq!(report.reads_2xx, report.reads, "{name}");
+        assert!(
+            report.write_latency_ms.max <= report.latency_ms.max,
+            "{name}"
+        );
+        let i = &report.integrity;
+        assert!(i.ok, "{name}: {i:#?}");
+        assert_eq!(
+            (i.rows, i.acknowledged),
+            (report.writes, report.writes),
+            "{name}"
+        );
+        match begin {
+            Begin::WritePath => {
+                let turn = report.write_turn.as_ref().expect("the write path's turn");
+                // Every write committed in its turn (a transaction rolled back would count too).
+                assert!(turn.transactions >= report.writes, "{turn:?}");
+                assert!(turn.busy_s > 0.0, "{turn:?}");
+            }
+            _ => assert!(report.write_turn.is_none(), "{name}"),
+        }
+    }
+}
+
+/// `layer-write`'s app, with work around the transaction, on a SQLite file in `dir`.
+async fn write_path_app(dir: &TempDir) -> (app_lib::Db, Router) {
+    let config = Config::LayerWrite;
+    let db = config
+        .open(&dir.path().join("items.db"), 4, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .with_work(Work::new(10));
+    let (app, metrics) = config.router(db.clone());
+    assert!(metrics.is_some());
+    assert!(db.has_write_path());
+    (db, app)
+}
+
+#[tokio::test]
+async fn the_write_path_shows_its_turn_in_stats_and_reads_after_its_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (db, app) = write_path_app(&dir).await;
+    for n in 1..=3 {
+        let res = app
+            .clone()
+            .oneshot(post_items(&format!(r#"{{"name": "w{n}"}}"#)))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::CREATED);
+        // The read after the commit saw the item just committed.
+        assert_eq!(res.headers()["x-item-count"], n.to_string().as_str());
+    }
+    let res = app
+        .clone()
+        .oneshot(Request::get("/stats").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let stats: serde_json::Value = json(res).await;
+    let turn = &stats["write_turn"];
+    assert_eq!(turn["database"], "items.db", "{stats}");
+    assert_eq!(turn["transactions"], 3, "{stats}");
+    assert_eq!(turn["waiting"], 0, "{stats}");
+    assert_eq!(turn["held"], false, "{stats}");
+    assert!(turn["busy_seconds"].as_f64().unwrap() > 0.0, "{stats}");
+    assert_eq!(stats["retry"], true);
+    db.close().await;
+}
+
+/// `GET /metrics` of `layer-write`: the app's utilization gauge, computed at each scrape
+/// between two readings of the turn (0 before any write; above 0 after writes; 0 again when
+/// nothing was written since the previous scrape), beside the crate's write-path series.
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn metrics_scrape_shows_the_write_paths_utilization() {
+    let recorder = prometheus::builder().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let dir = tempfile::tempdir().unwrap();
+    let (db, app) = write_path_app(&dir).await;
+    let watched = db.clone();
+    let app = prometheus::route(app, handle, move || watched.write_utilization_metrics());
+    let scrape = || async {
+        let res = app
+            .clone()
+            .oneshot(Request::get("/metrics").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        let bytes = axum::body::to_bytes(res.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    };
+    let gauge = r#"tower_sqlite_retry_write_utilization{database="items.db"}"#;
+
+    let text = scrape().await;
+    assert_eq!(scraped(&text, gauge), Some(0.0), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l == "# TYPE tower_sqlite_retry_write_utilization gauge"),
+        "{text}"
+    );
+
+    for n in 0..5 {
+        let res = app
+            .clone()
+            .oneshot(post_items(&format!(r#"{{"name": "w{n}"}}"#)))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::CREATED);
+    }
+    let text = scrape().await;
+    let utilization = scraped(&text, gauge).unwrap_or_else(|| panic!("{gauge}\n{text}"));
+    assert!(
+        utilization > 0.0 && utilization <= 1.5,
+        "{utilization}\n{text}"
+    );
+    // The crate's own series of the write path, by the same database.
+    assert!(
+        text.lines().any(
+            |l| l.starts_with("tower_sqlite_retry_write_held_seconds_count{")
+                && l.contains(r#"database="items.db""#)
+        ),
+        "{text}"
+    );
+
+    // Nothing written since the previous scrape: the turn was not held in between.
+    let text = scrape().await;
+    assert_eq!(scraped(&text, gauge), Some(0.0), "{text}");
+    db.close().await;
 }

@@ -1,5 +1,5 @@
-//! The example service, shared by `examples/app.rs`, `examples/contention.rs` and
-//! `tests/app.rs` (each includes this file with `#[path = "..."] mod app_lib;`).
+//! The example service, shared by `examples/app.rs`, `examples/contention.rs`, `tests/app.rs`
+//! and `benches/realclient.rs` (each includes this file with `#[path = "..."] mod app_lib;`).
 //!
 //! An item list in one database: a SQLite file by default, or a PostgreSQL or MySQL/MariaDB
 //! server named by a database URL (with the crate's `postgres` or `mysql` feature).
@@ -17,11 +17,19 @@
 //! the same `MAX(seq)` can never both commit. (At PostgreSQL's default `READ COMMITTED` or
 //! InnoDB's default `REPEATABLE READ` the second insert would instead meet the `UNIQUE` index:
 //! a duplicate-key error, `409`, which no replay is made for.)
+//!
+//! With SQLite the transaction can also begin `IMMEDIATE` (`Db::begin_immediate`: the write
+//! lock first, concurrent writers wait in SQLite's busy handler) or go through the write path
+//! (`Db::with_write_path`: a `WritePool` beside the pool queues the write transactions in the
+//! process, then begins them `IMMEDIATE` on its writer connection). [`Work`] gives the handler
+//! work before and after its transaction (CPU first, a read after the commit), the shape of a
+//! real handler, the same in every configuration.
 
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::path::Path;
 use std::str::FromStr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::StatusCode;
@@ -35,7 +43,7 @@ use tower::ServiceBuilder;
 use tower::limit::ConcurrencyLimitLayer;
 use tower_sqlite_retry::{
     Admission, AdmissionLimit, Attempt, DbError, MetricsSnapshot, RetryMetrics, RetryPolicy,
-    SqliteRetryLayer,
+    SqliteRetryLayer, WritePool, WriteStats,
 };
 
 /// `GET /items` page size when `limit` is not given, and the largest one allowed.
@@ -44,6 +52,9 @@ pub(crate) const MAX_LIMIT: i64 = 500;
 
 /// The table the app uses unless told otherwise.
 pub(crate) const DEFAULT_TABLE: &str = "items";
+
+/// The write path's utilization gauge the app adds to `/metrics` (`--config layer-write`).
+pub(crate) const WRITE_UTILIZATION: &str = "tower_sqlite_retry_write_utilization";
 
 pub(crate) type OpenError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -150,6 +161,109 @@ pub(crate) struct Db {
     /// SQLite: start the write transaction with `BEGIN IMMEDIATE` (take the write lock before
     /// reading) instead of a deferred `BEGIN`.
     begin_immediate: bool,
+    /// SQLite: `POST /items`'s transaction goes through the write path (`WritePool::begin`):
+    /// its turn in the process, then `BEGIN IMMEDIATE` on the `WritePool`'s writer connection.
+    write_path: Option<WritePath>,
+    /// What `POST /items` does besides its transaction.
+    work: Work,
+}
+
+/// What `POST /items` does before and after its transaction: about `prep_us` µs of CPU first
+/// (hashing the name, standing for parsing, authentication, rendering), and, when `prep_us` is
+/// not 0, a read after the commit (`SELECT COUNT(*)` on the pool). The default: neither.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Work {
+    /// The CPU work asked for, in µs (0: none, and no read after the commit).
+    pub(crate) prep_us: u64,
+    /// Hashing rounds that take about `prep_us` µs on this machine ([`calibrate`]).
+    pub(crate) prep_rounds: u64,
+}
+
+impl Work {
+    /// About `prep_us` µs of CPU before the transaction and a read after its commit (neither
+    /// when 0); calibrated here, once.
+    pub(crate) fn new(prep_us: u64) -> Self {
+        Self {
+            prep_us,
+            prep_rounds: if prep_us == 0 { 0 } else { calibrate(prep_us) },
+        }
+    }
+
+    /// Whether the handler reads after its commit.
+    pub(crate) fn read_after_commit(self) -> bool {
+        self.prep_us > 0
+    }
+}
+
+/// CPU work standing for what a handler does before its transaction (parsing, checking a
+/// signature): `rounds` rounds of hashing `body` (as `benches/writepath.rs` does).
+pub(crate) fn prepare(body: &[u8], rounds: u64) -> u64 {
+    let mut h = DefaultHasher::new();
+    for i in 0..rounds {
+        i.hash(&mut h);
+        body.hash(&mut h);
+    }
+    h.finish()
+}
+
+/// Hashing rounds of [`prepare`] (on a 256-byte body) that take about `us` µs on this machine:
+/// the fastest of seven timed tries (the least disturbed).
+pub(crate) fn calibrate(us: u64) -> u64 {
+    let body = [7u8; 256];
+    let rounds = 20_000;
+    let per_round = (0..7)
+        .map(|_| {
+            let start = Instant::now();
+            std::hint::black_box(prepare(std::hint::black_box(&body), rounds));
+            start.elapsed().as_secs_f64() / rounds as f64
+        })
+        .fold(f64::INFINITY, f64::min);
+    ((us as f64 / 1e6) / per_round.max(1e-12)).max(1.0) as u64
+}
+
+/// The write path of a `Db`: the `WritePool`, and the reading of its turn the last
+/// `/metrics` scrape took (for the utilization between two scrapes).
+#[derive(Clone, Debug)]
+struct WritePath {
+    pool: WritePool,
+    /// The `database` label: the SQLite file's name.
+    database: Arc<str>,
+    /// When the app was built: the first scrape's utilization is since then.
+    started: Instant,
+    /// The previous scrape's reading of the turn (`None`: no scrape saw a write yet).
+    scraped: Arc<Mutex<Option<WriteStats>>>,
+}
+
+/// A database's write turn as `/stats` shows it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct TurnFigures {
+    /// Write transactions waiting for the turn now.
+    pub(crate) waiting: usize,
+    /// Whether a write transaction holds the turn now.
+    pub(crate) held: bool,
+    /// Write transactions that held the turn and gave it back.
+    pub(crate) transactions: u64,
+    /// Time the turn was held in all, in seconds.
+    pub(crate) busy_seconds: f64,
+}
+
+impl TurnFigures {
+    fn of(stats: Option<&WriteStats>) -> Self {
+        stats.map_or(
+            Self {
+                waiting: 0,
+                held: false,
+                transactions: 0,
+                busy_seconds: 0.0,
+            },
+            |s| Self {
+                waiting: s.waiting,
+                held: s.held,
+                transactions: s.transactions,
+                busy_seconds: s.busy.as_secs_f64(),
+            },
+        )
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -184,6 +298,7 @@ struct Sql {
     list: Arc<str>,
     get: Arc<str>,
     all: Arc<str>,
+    count: Arc<str>,
 }
 
 impl Sql {
@@ -237,6 +352,7 @@ impl Sql {
                 .into(),
             get: format!("SELECT id, seq, name FROM {t} WHERE id = {p1}").into(),
             all: format!("SELECT id, seq, name FROM {t} ORDER BY id").into(),
+            count: format!("SELECT COUNT(*) FROM {t}").into(),
         }
     }
 }
@@ -254,6 +370,8 @@ impl From<SqlitePool> for Db {
             sql: Arc::new(Sql::new(Backend::Sqlite, DEFAULT_TABLE)),
             writer: None,
             begin_immediate: false,
+            write_path: None,
+            work: Work::default(),
         }
     }
 }
@@ -322,6 +440,8 @@ impl Db {
             sql,
             writer: None,
             begin_immediate: false,
+            write_path: None,
+            work: Work::default(),
         })
     }
 
@@ -338,6 +458,96 @@ impl Db {
     pub(crate) fn begin_immediate(mut self) -> Self {
         self.begin_immediate = true;
         self
+    }
+
+    /// SQLite: `POST /items`'s transaction goes through the write path, a
+    /// `WritePool::new(pool.clone())` beside the pool (reads stay on the pool): it waits for
+    /// the database's turn in this process, then begins `IMMEDIATE` on the `WritePool`'s writer
+    /// connection. `database` names the file in `/metrics` and `/stats`. Fails on another
+    /// backend.
+    pub(crate) fn with_write_path(mut self, database: &str) -> Result<Self, OpenError> {
+        let pool = match &self.pool {
+            Pool::Sqlite(pool) => pool.clone(),
+            #[allow(unreachable_patterns)]
+            _ => return Err("the write path (WritePool) is SQLite's only".into()),
+        };
+        self.write_path = Some(WritePath {
+            pool: WritePool::new(pool),
+            database: database.into(),
+            started: Instant::now(),
+            scraped: Arc::new(Mutex::new(None)),
+        });
+        Ok(self)
+    }
+
+    /// `POST /items` does `work` before and after its transaction.
+    pub(crate) fn with_work(mut self, work: Work) -> Self {
+        self.work = work;
+        self
+    }
+
+    /// What `POST /items` does besides its transaction.
+    pub(crate) fn work(&self) -> Work {
+        self.work
+    }
+
+    /// The write path's turn now (`None` without the write path, or before its first write
+    /// transaction).
+    pub(crate) fn write_stats(&self) -> Option<WriteStats> {
+        self.write_path.as_ref()?.pool.stats()
+    }
+
+    /// Whether `POST /items` goes through the write path.
+    pub(crate) fn has_write_path(&self) -> bool {
+        self.write_path.is_some()
+    }
+
+    /// The write turn's figures for `/stats` (`None` without the write path).
+    pub(crate) fn turn_figures(&self) -> Option<(Arc<str>, TurnFigures)> {
+        let w = self.write_path.as_ref()?;
+        Some((w.database.clone(), TurnFigures::of(w.pool.stats().as_ref())))
+    }
+
+    /// The write path's gauge for `/metrics`, in Prometheus' text format (empty without the
+    /// write path): `tower_sqlite_retry_write_utilization{database="..."}`, the share of the
+    /// time since the previous call during which a write transaction held the turn (the first
+    /// call: since the app was built; 0 until the first write transaction). Each call takes
+    /// the reading the next one is measured from.
+    pub(crate) fn write_utilization_metrics(&self) -> String {
+        let Some(w) = &self.write_path else {
+            return String::new();
+        };
+        let now = w.pool.stats();
+        let utilization = {
+            let mut scraped = w.scraped.lock().unwrap_or_else(|e| e.into_inner());
+            let u = match (&now, &*scraped) {
+                (None, _) => 0.0,
+                (Some(now), Some(before)) => now.utilization_since(before),
+                // The turn's time held counts from its first write transaction, after the app
+                // was built: nothing was held before.
+                (Some(now), None) => {
+                    let wall = now.at.saturating_duration_since(w.started).as_secs_f64();
+                    if wall > 0.0 {
+                        now.busy.as_secs_f64() / wall
+                    } else {
+                        0.0
+                    }
+                }
+            };
+            if now.is_some() {
+                *scraped = now;
+            }
+            u
+        };
+        let database = w.database.replace('\\', "\\\\").replace('"', "\\\"");
+        format!(
+            "# HELP {WRITE_UTILIZATION} The share of the time since the previous scrape (the \
+             first: since the app started) during which a write transaction held the database's \
+             write turn (1: the database at its write limit). The example app's, from \
+             WritePool::stats().\n\
+             # TYPE {WRITE_UTILIZATION} gauge\n\
+             {WRITE_UTILIZATION}{{database=\"{database}\"}} {utilization}\n"
+        )
     }
 
     /// Creates the table if it is missing.
@@ -359,6 +569,10 @@ impl Db {
     pub(crate) async fn close(&self) {
         if let Some(writer) = &self.writer {
             writer.close().await;
+        }
+        if let Some(w) = &self.write_path {
+            // The pool, then the writer connection.
+            w.pool.close().await;
         }
         on_pool!(self, |pool| pool.close().await)
     }
@@ -387,9 +601,14 @@ impl Db {
         match &self.pool {
             Pool::Sqlite(pool) => {
                 let pool = self.writer.as_ref().unwrap_or(pool);
-                if self.begin_immediate {
-                    // The expert configurations (`one-writer`, `two-pool`): the write lock
-                    // first, so no other writer can commit between our read and our write.
+                if let Some(w) = &self.write_path {
+                    // `layer-write`: the turn (a FIFO queue in the process), then
+                    // `BEGIN IMMEDIATE` on the write path's writer connection.
+                    insert_returning_id!(w.pool.begin().await?)
+                } else if self.begin_immediate {
+                    // `immediate` and the expert configurations (`one-writer`, `two-pool`): the
+                    // write lock first, so no other writer can commit between our read and our
+                    // write.
                     insert_returning_id!(pool.begin_with("BEGIN IMMEDIATE").await?)
                 } else {
                     // A deferred transaction: `BEGIN`, not `BEGIN IMMEDIATE` (which would avoid
@@ -445,6 +664,13 @@ impl Db {
         Ok(row.map(Item::from))
     }
 
+    /// The number of items (the read after `POST /items`' commit, with [`Work`]).
+    pub(crate) async fn count(&self) -> Result<i64, sqlx::Error> {
+        on_pool!(self, |pool| sqlx::query_scalar(q(&self.sql.count))
+            .fetch_one(pool)
+            .await)
+    }
+
     /// Every row, in id order (for the integrity check).
     pub(crate) async fn all_items(&self) -> Result<Vec<Item>, sqlx::Error> {
         let rows: Vec<(i64, i64, String)> = on_pool!(self, |pool| sqlx::query_as(q(&self.sql.all))
@@ -474,8 +700,9 @@ impl RetryPolicies {
 
 /// How the app is served: with the retry layer, or as an expert would configure SQLite
 /// instead of it. The handler is the same in every one (`POST /items` reads `MAX(seq) + 1`,
-/// then inserts); what changes is the pools, how its transaction begins, and the layers.
-/// SQLite only for `one-writer` and `two-pool`.
+/// then inserts, with the same [`Work`] around it); what changes is the pools, how its
+/// transaction begins, and the layers. SQLite only for `one-writer`, `two-pool`, `immediate`,
+/// `layer-two-pool` and `layer-write`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, clap::ValueEnum)]
 pub(crate) enum Config {
     /// No layer; a pool of --pool-size connections; deferred read-then-write (`BEGIN`):
@@ -487,6 +714,10 @@ pub(crate) enum Config {
     /// No layer; --pool-size reader connections for the GETs and one writer connection with
     /// `BEGIN IMMEDIATE` for POST /items (the usual production setup).
     TwoPool,
+    /// No layer; a pool of --pool-size connections; the write transaction starts with
+    /// `BEGIN IMMEDIATE` (the one-word fix): writers wait in SQLite's busy handler, each
+    /// holding a pool connection while it waits.
+    Immediate,
     /// The retry layer, `RetryPolicy::default()` (writer admission included) on the write
     /// route and router-wide; a pool of --pool-size; deferred read-then-write (the handler
     /// unchanged).
@@ -499,18 +730,25 @@ pub(crate) enum Config {
     /// `layer` on the expert's pools: --pool-size readers and one writer connection, the
     /// handler unchanged (deferred `BEGIN`): what the layer costs on top of `two-pool`.
     LayerTwoPool,
+    /// `layer`'s policies and the write path: POST /items' transaction through
+    /// `WritePool::begin()` (its turn in the process, then `BEGIN IMMEDIATE` on the
+    /// `WritePool`'s writer connection); reads on the pool of --pool-size. `/stats` and
+    /// `/metrics` show the write turn (`/metrics`: its utilization).
+    LayerWrite,
 }
 
 impl Config {
     /// Every configuration, in the order reports list them.
-    pub(crate) const ALL: [Self; 7] = [
+    pub(crate) const ALL: [Self; 9] = [
         Self::Bare,
         Self::OneWriter,
         Self::TwoPool,
+        Self::Immediate,
         Self::Layer,
         Self::LayerNoAdmission,
         Self::LayerQueue,
         Self::LayerTwoPool,
+        Self::LayerWrite,
     ];
 
     /// The name on the command line (`one-writer`, ...).
@@ -519,10 +757,12 @@ impl Config {
             Self::Bare => "bare",
             Self::OneWriter => "one-writer",
             Self::TwoPool => "two-pool",
+            Self::Immediate => "immediate",
             Self::Layer => "layer",
             Self::LayerNoAdmission => "layer-no-admission",
             Self::LayerQueue => "layer-queue",
             Self::LayerTwoPool => "layer-two-pool",
+            Self::LayerWrite => "layer-write",
         }
     }
 
@@ -534,6 +774,7 @@ impl Config {
             Self::TwoPool => {
                 format!("no layer, {pool_size} readers + 1 writer, BEGIN IMMEDIATE")
             }
+            Self::Immediate => format!("no layer, pool {pool_size}, BEGIN IMMEDIATE"),
             Self::Layer => format!(
                 "RetryPolicy::default() (writer admission), pool {pool_size}, deferred BEGIN"
             ),
@@ -547,19 +788,32 @@ impl Config {
             Self::LayerTwoPool => {
                 format!("RetryPolicy::default(), {pool_size} readers + 1 writer, deferred BEGIN")
             }
+            Self::LayerWrite => format!(
+                "RetryPolicy::default() and the write path (WritePool: the turn, then BEGIN \
+                 IMMEDIATE on its writer connection), reads on pool {pool_size}"
+            ),
         }
     }
 
     /// Whether it needs a SQLite file of its own making (`--db`, not `--database-url`).
     pub(crate) fn needs_sqlite_file(self) -> bool {
-        matches!(self, Self::OneWriter | Self::TwoPool | Self::LayerTwoPool)
+        matches!(
+            self,
+            Self::OneWriter
+                | Self::TwoPool
+                | Self::Immediate
+                | Self::LayerTwoPool
+                | Self::LayerWrite
+        )
     }
 
     /// The retry layers' policies; `None` for the configurations without the layer.
     pub(crate) fn policies(self) -> Option<RetryPolicies> {
         match self {
-            Self::Bare | Self::OneWriter | Self::TwoPool => None,
-            Self::Layer | Self::LayerTwoPool => Some(RetryPolicies::both(RetryPolicy::default())),
+            Self::Bare | Self::OneWriter | Self::TwoPool | Self::Immediate => None,
+            Self::Layer | Self::LayerTwoPool | Self::LayerWrite => {
+                Some(RetryPolicies::both(RetryPolicy::default()))
+            }
             Self::LayerNoAdmission | Self::LayerQueue => Some(RetryPolicies::both(
                 RetryPolicy::default().admission(Admission::Off),
             )),
@@ -567,8 +821,8 @@ impl Config {
     }
 
     /// Opens the SQLite file at `path` (created if missing, schema included) with this
-    /// configuration's pools; `pool_size` is the pool of `bare` and the layers, and the
-    /// readers' pool of `two-pool`.
+    /// configuration's pools; `pool_size` is the pool of `bare`, `immediate` and the layers,
+    /// and the readers' pool of `two-pool`.
     pub(crate) async fn open(
         self,
         path: &Path,
@@ -582,10 +836,21 @@ impl Config {
                 let writer = open_pool(path, 1, busy_timeout).await?;
                 Db::from(readers).with_writer(writer).begin_immediate()
             }
+            Self::Immediate => {
+                Db::from(open_pool(path, pool_size, busy_timeout).await?).begin_immediate()
+            }
             Self::LayerTwoPool => {
                 let readers = open_pool(path, pool_size, busy_timeout).await?;
                 let writer = open_pool(path, 1, busy_timeout).await?;
                 Db::from(readers).with_writer(writer)
+            }
+            Self::LayerWrite => {
+                let name = path
+                    .file_name()
+                    .map_or_else(|| "items.db".into(), |n| n.to_string_lossy());
+                Db::from(open_pool(path, pool_size, busy_timeout).await?)
+                    .with_write_path(&name)
+                    .expect("a SQLite pool")
             }
             _ => Db::from(open_pool(path, pool_size, busy_timeout).await?),
         })
@@ -810,6 +1075,9 @@ async fn create_item(
             "replaying POST /items"
         );
     }
+    let work = state.db.work();
+    // The work before the transaction (parsing, authentication, ...): a replay does it again.
+    std::hint::black_box(prepare(new.name.as_bytes(), work.prep_rounds));
     let (id, seq) = state.db.create_item(&new.name).await?;
     // Committed: from here on a replay would insert the item twice.
     attempt.fence();
@@ -818,6 +1086,16 @@ async fn create_item(
         seq,
         name: new.name,
     };
+    if work.read_after_commit() {
+        // The work after the commit: a read on the pool (it takes no write turn).
+        let count = state.db.count().await?;
+        return Ok((
+            StatusCode::CREATED,
+            [("x-item-count", count.to_string())],
+            Json(item),
+        )
+            .into_response());
+    }
     Ok((StatusCode::CREATED, Json(item)).into_response())
 }
 
@@ -861,14 +1139,25 @@ async fn get_item(
     })
 }
 
-/// `GET /stats`: the layers' counters (`{"retry": false}` when the service runs without them).
+/// `GET /stats`: the layers' counters (`{"retry": false}` when the service runs without them),
+/// and with the write path its turn's figures (`write_turn`).
 async fn stats(State(state): State<AppState>) -> Json<serde_json::Value> {
-    Json(match &state.metrics {
+    let mut v = match &state.metrics {
         Some(m) => {
             let mut v = m.snapshot().to_json();
             v["retry"] = true.into();
             v
         }
         None => serde_json::json!({ "retry": false }),
-    })
+    };
+    if let Some((database, t)) = state.db.turn_figures() {
+        v["write_turn"] = serde_json::json!({
+            "database": &*database,
+            "waiting": t.waiting,
+            "held": t.held,
+            "transactions": t.transactions,
+            "busy_seconds": t.busy_seconds,
+        });
+    }
+    Json(v)
 }

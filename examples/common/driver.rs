@@ -22,7 +22,9 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
-use crate::app_lib::{AppMetrics, Db, Item, RetryPolicies, open_pool, redact, router};
+use crate::app_lib::{
+    AppMetrics, Backend, Db, Item, RetryPolicies, Work, open_pool, redact, router,
+};
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -51,6 +53,30 @@ impl Target {
             Self::Url { url, table } => Ok(Db::connect(url, table, pool_size, busy_timeout).await?),
         }
     }
+
+    /// The `database` label of the write path: the file's name, or the table's.
+    fn database_name(&self) -> String {
+        match self {
+            Self::SqliteFile(path) => path
+                .file_name()
+                .map_or_else(|| "items.db".into(), |n| n.to_string_lossy().into_owned()),
+            Self::Url { table, .. } => table.clone(),
+        }
+    }
+}
+
+/// How `POST /items`' transaction begins (the app's `--config` makes the same choices).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Begin {
+    /// `BEGIN` (deferred; `SERIALIZABLE` on PostgreSQL and MySQL): `bare`, `layer`.
+    #[default]
+    Deferred,
+    /// SQLite's `BEGIN IMMEDIATE` on the pool: `immediate`.
+    Immediate,
+    /// SQLite's write path, `WritePool::begin()` (the turn, then `BEGIN IMMEDIATE` on its
+    /// writer connection): `layer-write`.
+    WritePath,
 }
 
 /// One run: a fresh table, `instances` copies of the app (each its own server, pool and
@@ -74,6 +100,10 @@ pub(crate) struct Scenario {
     /// from these policies (its own counters, replay gate, buffer cap; a budget `Arc` inside a
     /// policy would be shared, so the demonstration sets none).
     pub(crate) retry: Option<RetryPolicies>,
+    /// How `POST /items`' transaction begins; anything but `Deferred` is SQLite's only.
+    pub(crate) begin: Begin,
+    /// What `POST /items` does before and after its transaction.
+    pub(crate) work: Work,
     /// Advanced once per finished request (pass `ProgressBar::hidden()` for none).
     pub(crate) progress: ProgressBar,
 }
@@ -83,6 +113,8 @@ pub(crate) struct Scenario {
 pub(crate) struct Report {
     pub(crate) label: String,
     pub(crate) retry_layer: bool,
+    /// How `POST /items`' transaction began.
+    pub(crate) begin: Begin,
     pub(crate) db: String,
     pub(crate) clients: usize,
     pub(crate) requests: u64,
@@ -101,6 +133,20 @@ pub(crate) struct Report {
     pub(crate) elapsed_s: f64,
     pub(crate) throughput_rps: f64,
     pub(crate) latency_ms: Latency,
+    /// `POST /items` answered 2xx.
+    pub(crate) writes_2xx: u64,
+    /// `GET /items` answered 2xx.
+    pub(crate) reads_2xx: u64,
+    /// `POST /items` answered 2xx per second of the run.
+    pub(crate) writes_per_s: f64,
+    /// `GET /items` answered 2xx per second of the run.
+    pub(crate) reads_per_s: f64,
+    /// The latency of `POST /items` alone (its `max`: the slowest write).
+    pub(crate) write_latency_ms: Latency,
+    /// The latency of `GET /items` alone.
+    pub(crate) read_latency_ms: Latency,
+    /// With the write path: its turn over the run, all instances together (`None` without).
+    pub(crate) write_turn: Option<TurnReport>,
     /// The layers' counters, all instances together; `None` without them.
     pub(crate) layer: Option<LayerReport>,
     /// The same, instance by instance (one entry per instance, in order).
@@ -122,6 +168,18 @@ impl Report {
     }
 }
 
+/// The write path's turn over a run (`WritePool::stats()` before and after it).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct TurnReport {
+    /// Write transactions that held the turn and gave it back during the run.
+    pub(crate) transactions: u64,
+    /// Time the turn was held during the run, in seconds.
+    pub(crate) busy_s: f64,
+    /// `busy_s` over the run's wall time: the share of it during which a write transaction
+    /// held the turn (1.0: the database at its write limit).
+    pub(crate) utilization: f64,
+}
+
 /// What the two runs of the demonstration show together.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "verdict", content = "reasons", rename_all = "snake_case")]
@@ -137,7 +195,17 @@ pub(crate) enum Verdict {
 }
 
 /// Judges the run without the layer against the run with it.
+#[allow(
+    dead_code,
+    reason = "the demonstration judges its other runs too: verdict_with"
+)]
 pub(crate) fn verdict(without: &Report, with: &Report) -> Verdict {
+    verdict_with(without, with, &[])
+}
+
+/// [`verdict`], and every run of `also` (`BEGIN IMMEDIATE`, the write path) must have failed
+/// nothing and lost or doubled nothing too. How fast any run was is no part of it.
+pub(crate) fn verdict_with(without: &Report, with: &Report, also: &[&Report]) -> Verdict {
     let mut why = Vec::new();
     if with.writes == 0 || without.writes == 0 {
         why.push("no POST /items was sent, so nothing could contend".to_string());
@@ -150,7 +218,21 @@ pub(crate) fn verdict(without: &Report, with: &Report) -> Verdict {
             with.statuses
         ));
     }
-    for r in [without, with] {
+    for r in also {
+        if r.writes == 0 {
+            why.push(format!("no POST /items was sent in the run {}", r.label));
+        }
+        if r.failures() > 0 {
+            why.push(format!(
+                "{} of {} requests failed in the run {} (statuses {:?})",
+                r.failures(),
+                r.requests,
+                r.label,
+                r.statuses
+            ));
+        }
+    }
+    for r in [without, with].into_iter().chain(also.iter().copied()) {
         if !r.integrity.ok {
             why.push(format!("the run {} lost or doubled rows", r.label));
         }
@@ -283,9 +365,18 @@ pub(crate) async fn run(scenario: Scenario) -> Result<Report, BoxError> {
         pool_size,
         busy_timeout,
         retry,
+        begin,
+        work,
         progress,
     } = scenario;
     let retry_layer = retry.is_some();
+    let database = target.database_name();
+    if begin != Begin::Deferred
+        && let Target::Url { url, .. } = &target
+        && Backend::of_url(url) != Some(Backend::Sqlite)
+    {
+        return Err(format!("{begin:?}: SQLite's only, not {}", redact(url)).into());
+    }
     let instances = instances.max(1);
     let clients = clients.max(1);
 
@@ -297,7 +388,15 @@ pub(crate) async fn run(scenario: Scenario) -> Result<Report, BoxError> {
     setup.create_schema().await?;
     let mut served = Vec::with_capacity(instances);
     for _ in 0..instances {
-        let db = target.connect(pool_size, busy_timeout).await?;
+        let db = target
+            .connect(pool_size, busy_timeout)
+            .await?
+            .with_work(work);
+        let db = match begin {
+            Begin::Deferred => db,
+            Begin::Immediate => db.begin_immediate(),
+            Begin::WritePath => db.with_write_path(&database)?,
+        };
         let (app, metrics) = router(db.clone(), retry.clone());
         // A real server on a real socket: what a client sees, keep-alive and all.
         let listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -323,6 +422,9 @@ pub(crate) async fn run(scenario: Scenario) -> Result<Report, BoxError> {
         Client::builder(TokioExecutor::new()).build_http();
     let next = Arc::new(AtomicUsize::new(0));
     let created = Arc::new(AtomicU64::new(0));
+    // The write path's turn before the run (`None`: no write transaction yet, nothing held).
+    let turns_before: Vec<Option<tower_sqlite_retry::WriteStats>> =
+        served.iter().map(|s| s.db.write_stats()).collect();
 
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(clients);
@@ -381,6 +483,24 @@ pub(crate) async fn run(scenario: Scenario) -> Result<Report, BoxError> {
     } else {
         None
     };
+    // The instances (all in this process, on one database) share its turn: one reading covers
+    // them all.
+    let write_turn = (begin == Begin::WritePath).then(|| {
+        let (mut transactions, mut busy) = (0, Duration::ZERO);
+        if let (Some(db), Some(before)) = (dbs.first(), turns_before.first())
+            && let Some(after) = db.write_stats()
+        {
+            transactions = after.transactions - before.map_or(0, |b| b.transactions);
+            busy = after
+                .busy
+                .saturating_sub(before.map_or(Duration::ZERO, |b| b.busy));
+        }
+        TurnReport {
+            transactions,
+            busy_s: busy.as_secs_f64(),
+            utilization: busy.as_secs_f64() / elapsed.as_secs_f64().max(1e-9),
+        }
+    });
 
     let tally = Tally::of(samples.iter());
     let acknowledged: Vec<Item> = samples.iter().filter_map(|s| s.item.clone()).collect();
@@ -412,9 +532,11 @@ pub(crate) async fn run(scenario: Scenario) -> Result<Report, BoxError> {
     setup.close().await;
 
     let n = tally.requests;
+    let per_s = |count: u64| count as f64 / elapsed.as_secs_f64().max(1e-9);
     Ok(Report {
         label,
         retry_layer,
+        begin,
         db: target.describe(),
         clients,
         requests: n,
@@ -428,6 +550,13 @@ pub(crate) async fn run(scenario: Scenario) -> Result<Report, BoxError> {
         elapsed_s: elapsed.as_secs_f64(),
         throughput_rps: n as f64 / elapsed.as_secs_f64().max(1e-9),
         latency_ms: tally.latency,
+        writes_2xx: tally.writes_2xx,
+        reads_2xx: tally.status_2xx - tally.writes_2xx,
+        writes_per_s: per_s(tally.writes_2xx),
+        reads_per_s: per_s(tally.status_2xx - tally.writes_2xx),
+        write_latency_ms: tally.write_latency,
+        read_latency_ms: tally.read_latency,
+        write_turn,
         layer,
         instances: instance_reports,
         integrity,
@@ -438,12 +567,16 @@ pub(crate) async fn run(scenario: Scenario) -> Result<Report, BoxError> {
 struct Tally {
     requests: u64,
     writes: u64,
+    /// Writes answered 2xx (counted in `status_2xx` too).
+    writes_2xx: u64,
     status_2xx: u64,
     status_5xx: u64,
     other: u64,
     transport_errors: u64,
     statuses: BTreeMap<u16, u64>,
     latency: Latency,
+    write_latency: Latency,
+    read_latency: Latency,
 }
 
 impl Tally {
@@ -451,17 +584,26 @@ impl Tally {
         let mut t = Self {
             requests: 0,
             writes: 0,
+            writes_2xx: 0,
             status_2xx: 0,
             status_5xx: 0,
             other: 0,
             transport_errors: 0,
             statuses: BTreeMap::new(),
             latency: Latency::default(),
+            write_latency: Latency::default(),
+            read_latency: Latency::default(),
         };
         let mut latencies = Vec::new();
+        let (mut writes, mut reads) = (Vec::new(), Vec::new());
         for s in samples {
             t.requests += 1;
             latencies.push(s.latency);
+            if s.write {
+                writes.push(s.latency);
+            } else {
+                reads.push(s.latency);
+            }
             t.writes += u64::from(s.write);
             match s.status {
                 None => {
@@ -474,6 +616,7 @@ impl Tally {
                         t.other += 1;
                     } else if code.is_success() {
                         t.status_2xx += 1;
+                        t.writes_2xx += u64::from(s.write);
                     } else if code.is_server_error() {
                         t.status_5xx += 1;
                     } else {
@@ -483,6 +626,8 @@ impl Tally {
             }
         }
         t.latency = latency(&mut latencies);
+        t.write_latency = latency(&mut writes);
+        t.read_latency = latency(&mut reads);
         t
     }
 }

@@ -51,18 +51,23 @@ pub(crate) fn install() -> Result<PrometheusHandle, BuildError> {
 }
 
 /// `app` with `GET /metrics` added, outside the retry layers: a scrape is not one of the
-/// requests they count.
-pub(crate) fn route(app: Router, handle: PrometheusHandle) -> Router {
+/// requests they count. `extra` is called at every scrape for series the app computes then
+/// (already in the text format, appended after the recorder's; `String::new` for none): the
+/// write path's utilization, `Db::write_utilization_metrics`.
+pub(crate) fn route<F>(app: Router, handle: PrometheusHandle, extra: F) -> Router
+where
+    F: Fn() -> String + Clone + Send + Sync + 'static,
+{
     app.route(
         "/metrics",
         get(move || {
-            let handle = handle.clone();
-            async move { scrape(&handle) }
+            let (handle, extra) = (handle.clone(), extra.clone());
+            async move { scrape(&handle, &extra()) }
         }),
     )
 }
 
-fn scrape(handle: &PrometheusHandle) -> Response {
+fn scrape(handle: &PrometheusHandle, extra: &str) -> Response {
     let mut text = String::new();
     if cfg!(not(feature = "metrics")) {
         text.push_str(
@@ -71,6 +76,7 @@ fn scrape(handle: &PrometheusHandle) -> Response {
         );
     }
     text.push_str(&handle.render());
+    text.push_str(extra);
     (
         [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         text,
