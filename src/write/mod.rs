@@ -229,7 +229,10 @@
 //! keeps its spelling (and now begins `IMMEDIATE`, in turn); reads use `&*db`.
 //!
 #![cfg_attr(all(feature = "sqlite-write", feature = "axum"), doc = "```")]
-#![cfg_attr(not(all(feature = "sqlite-write", feature = "axum")), doc = "```ignore")]
+#![cfg_attr(
+    not(all(feature = "sqlite-write", feature = "axum")),
+    doc = "```ignore"
+)]
 //! use axum::{Json, Router, extract::State, routing::post};
 //! use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 //! use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer, WritePool};
