@@ -195,6 +195,18 @@ pub const WRITE_WAIT: &str = "tower_sqlite_retry_write_wait_seconds";
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const WRITE_HELD: &str = "tower_sqlite_retry_write_held_seconds";
 
+/// Histogram: write transactions per group commit (`WritePool::group_commit`). Label
+/// `database`.
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub const WRITE_GROUP_MEMBERS: &str = "tower_sqlite_retry_write_group_members";
+
+/// Histogram: seconds a group commit held the write lock, from its `BEGIN IMMEDIATE` to its
+/// `COMMIT`. Label `database`.
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub const WRITE_GROUP_HELD: &str = "tower_sqlite_retry_write_group_held_seconds";
+
 /// Gauge: write transactions waiting for their database's turn now. Label `database`.
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
@@ -226,8 +238,8 @@ mod emit {
     use metrics::{Label, Unit};
 
     use super::{
-        ATTEMPTS, BACKOFF, BUFFERED_BYTES, QUEUE_WAIT, REPLAYS, REQUESTS, WRITE_HELD, WRITE_WAIT,
-        WRITE_WAITING,
+        ATTEMPTS, BACKOFF, BUFFERED_BYTES, QUEUE_WAIT, REPLAYS, REQUESTS, WRITE_GROUP_HELD,
+        WRITE_GROUP_MEMBERS, WRITE_HELD, WRITE_WAIT, WRITE_WAITING,
     };
     use crate::attempt::Outcome;
     use crate::route::Route;
@@ -285,6 +297,16 @@ mod emit {
                 Unit::Seconds,
                 "Time a write transaction held its database's write turn; the rate of the sum, \
                  by database, is the writer's utilization (1.0: the database at its write limit)."
+            );
+            metrics::describe_histogram!(
+                WRITE_GROUP_MEMBERS,
+                Unit::Count,
+                "Write transactions per group commit."
+            );
+            metrics::describe_histogram!(
+                WRITE_GROUP_HELD,
+                Unit::Seconds,
+                "Time a group commit held the write lock, from BEGIN IMMEDIATE to COMMIT."
             );
             metrics::describe_gauge!(
                 WRITE_WAITING,
@@ -375,6 +397,12 @@ mod emit {
         let [route, method] = write_labels(route_);
         let labels = vec![route, method, Label::new(DATABASE, Arc::clone(database))];
         metrics::histogram!(WRITE_HELD, labels).record(held);
+    }
+
+    pub(crate) fn write_group(database: &Arc<str>, members: usize, held: Duration) {
+        let labels = vec![Label::new(DATABASE, Arc::clone(database))];
+        metrics::histogram!(WRITE_GROUP_MEMBERS, labels.clone()).record(members as f64);
+        metrics::histogram!(WRITE_GROUP_HELD, labels).record(held);
     }
 
     pub(crate) fn write_waiting(database: &Arc<str>, delta: i8) {
@@ -473,6 +501,15 @@ pub(crate) fn write_waiting(database: &std::sync::Arc<str>, delta: i8) {
     emit::write_waiting(database, delta);
     #[cfg(not(feature = "metrics"))]
     let _ = (database, delta);
+}
+
+/// A group commit ended: `members` write transactions, the write lock held `held`.
+#[inline]
+pub(crate) fn write_group(database: &std::sync::Arc<str>, members: usize, held: Duration) {
+    #[cfg(feature = "metrics")]
+    emit::write_group(database, members, held);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (database, members, held);
 }
 
 /// Bytes buffered for replay, all layers together: `delta` more (positive) or fewer.

@@ -113,7 +113,9 @@ use sqlx_sqlite::{
     Sqlite, SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions,
     SqliteTransactionManager,
 };
+use tower_sqlite_retry::Retryable;
 use tower_sqlite_retry::WriteStats;
+use tower_sqlite_retry::write::{GroupCommit, GroupCommitFailed};
 use tower_sqlite_retry::write::shared::{self, Driver};
 
 /// sqlx 0.8's SQLite driver, as the write path of `tower-sqlite-retry` uses it: everything
@@ -179,6 +181,12 @@ impl Driver for Sqlx08 {
         SqliteTransactionManager::begin(conn, Some(Cow::Borrowed("BEGIN IMMEDIATE")))
     }
 
+    fn begin_savepoint(
+        conn: &mut SqliteConnection,
+    ) -> impl Future<Output = Result<(), Error>> + Send + '_ {
+        SqliteTransactionManager::begin(conn, None)
+    }
+
     fn commit(conn: &mut SqliteConnection) -> impl Future<Output = Result<(), Error>> + Send + '_ {
         SqliteTransactionManager::commit(conn)
     }
@@ -219,6 +227,14 @@ impl Driver for Sqlx08 {
 
     fn is_database_error(error: &Error) -> bool {
         matches!(error, Error::Database(_))
+    }
+
+    fn classify(error: &Error) -> Option<Retryable> {
+        tower_sqlite_retry::classify_sqlx_0_8(error)
+    }
+
+    fn group_failed(failure: GroupCommitFailed) -> Error {
+        Error::Io(std::io::Error::other(failure))
     }
 }
 
@@ -264,6 +280,16 @@ impl WritePool {
     pub fn slow_transaction(self, slow: Option<Duration>) -> Self {
         Self {
             inner: self.inner.slow_transaction(slow),
+        }
+    }
+
+    /// Group commit (`None`: off, the default): consecutive write transactions share one
+    /// SQLite transaction and one `COMMIT`, each in a `SAVEPOINT` of its own, within `bounds`;
+    /// a `commit()` is `Ok` only once the group's `COMMIT` was. As
+    /// `tower_sqlite_retry::WritePool::group_commit`: see there.
+    pub fn group_commit(self, bounds: Option<GroupCommit>) -> Self {
+        Self {
+            inner: self.inner.group_commit(bounds),
         }
     }
 

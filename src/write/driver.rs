@@ -9,6 +9,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::failed::GroupCommitFailed;
+use crate::classify::Retryable;
+
 /// A SQLite driver, as the write path uses it. Not a public API: it exists so that one
 /// implementation serves sqlx 0.8 and 0.9, and may change in any release.
 ///
@@ -54,6 +57,11 @@ pub trait Driver: Send + Sync + Sized + 'static {
     fn begin_immediate(
         conn: &mut Self::Connection,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + '_;
+    /// `TransactionManager::begin` with no statement on a connection in a transaction: a
+    /// `SAVEPOINT` (a group commit's member).
+    fn begin_savepoint(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + '_;
     /// `TransactionManager::commit`.
     fn commit(
         conn: &mut Self::Connection,
@@ -83,6 +91,11 @@ pub trait Driver: Send + Sync + Sized + 'static {
     /// Whether the error is the database's (it left the connection usable), rather than the
     /// connection's or the driver's.
     fn is_database_error(error: &Self::Error) -> bool;
+    /// The marker, if the error is worth a replay (the crate's classifier for this driver).
+    fn classify(error: &Self::Error) -> Option<Retryable>;
+    /// The error a group commit's member gets when the group failed (`Error::Io` around it,
+    /// where the classifiers look for it).
+    fn group_failed(failure: GroupCommitFailed) -> Self::Error;
 
     /// Whether [`spawn`](Driver::spawn) can run a task now (a runtime is current).
     fn can_spawn() -> bool {

@@ -329,6 +329,8 @@
 )]
 
 mod driver;
+mod failed;
+mod group;
 mod pool;
 mod queue;
 #[cfg(feature = "sqlite-write")]
@@ -342,6 +344,8 @@ mod turn_tests;
 #[cfg(feature = "sqlite-write")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite-write")))]
 pub use self::sqlx::{WritePool, WriteTransaction};
+pub use failed::GroupCommitFailed;
+pub use group::GroupCommit;
 pub use queue::{TurnError, WriteQueue, WriteTurn};
 pub use stats::WriteStats;
 
@@ -358,6 +362,16 @@ pub mod shared {
 /// The synchronization the turn's holder uses: std's here, shuttle's in the model check.
 mod sync {
     pub(super) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+}
+
+/// The marker of a group commit's failure told to a member (inside the I/O error the write
+/// path wraps it in): `Some(marker)` when the error is one.
+#[cfg_attr(
+    not(any(feature = "sqlx", feature = "sqlx-0_8")),
+    allow(dead_code, reason = "the sqlx bindings ask it")
+)]
+pub(crate) fn group_failure(error: &std::io::Error) -> Option<Option<crate::classify::Retryable>> {
+    failed::in_io_error(error)
 }
 
 /// Whether the request being polled on this thread holds a write transaction open (the turn

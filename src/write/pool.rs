@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::sync::OnceCell;
 
 use super::driver::Driver;
+use super::group::{GroupCommit, Line};
 use super::stats::{SLOW_DEFAULT, WriteStats};
 use super::transaction::Transaction;
 use super::turn::Queue;
@@ -32,6 +33,8 @@ pub(super) struct Shared<D: Driver> {
     target: OnceCell<Target<D>>,
     /// A write transaction that holds the turn this long is reported (a WARN).
     pub(super) slow: Option<Duration>,
+    /// Group commit's bounds, when it is on.
+    pub(super) group: Option<GroupCommit>,
 }
 
 /// The database a `WritePool` writes to, as SQLite named it.
@@ -42,6 +45,8 @@ pub(super) struct Target<D: Driver> {
     /// connection of the `WritePool`'s own. Only the turn's holder takes it, so its lock is
     /// never contended, and it is never held across an await.
     writer: Option<Mutex<Option<D::Connection>>>,
+    /// Group commit's line: the pool's members, one at a time on the writer connection.
+    pub(super) line: Mutex<Line<D>>,
 }
 
 impl<D: Driver> Clone for WritePool<D> {
@@ -56,10 +61,10 @@ impl<D: Driver> WritePool<D> {
     /// The write path over `pool`, with a writer connection of its own (`own`) or with
     /// connections from `pool`. Opens nothing.
     pub fn new(pool: D::Pool, own: bool) -> Self {
-        Self::build(pool, own, Some(SLOW_DEFAULT))
+        Self::build(pool, own, Some(SLOW_DEFAULT), None)
     }
 
-    fn build(pool: D::Pool, own: bool, slow: Option<Duration>) -> Self {
+    fn build(pool: D::Pool, own: bool, slow: Option<Duration>, group: Option<GroupCommit>) -> Self {
         let opener = own.then(|| D::opener(&pool));
         Self {
             shared: Arc::new(Shared {
@@ -67,21 +72,29 @@ impl<D: Driver> WritePool<D> {
                 opener,
                 target: OnceCell::new(),
                 slow,
+                group,
             }),
         }
     }
 
+    fn rebuild(&self, own: bool, slow: Option<Duration>, group: Option<GroupCommit>) -> Self {
+        Self::build(self.shared.pool.clone(), own, slow, group)
+    }
+
     /// The same pool, writing on a connection of its own or not.
     pub fn writer_connection(self, own: bool) -> Self {
-        let shared = &self.shared;
-        Self::build(shared.pool.clone(), own, shared.slow)
+        self.rebuild(own, self.shared.slow, self.shared.group)
     }
 
     /// The same pool, reporting write transactions that hold the turn `slow` or longer
     /// (`None`: none).
     pub fn slow_transaction(self, slow: Option<Duration>) -> Self {
-        let shared = &self.shared;
-        Self::build(shared.pool.clone(), shared.opener.is_some(), slow)
+        self.rebuild(self.shared.opener.is_some(), slow, self.shared.group)
+    }
+
+    /// The same pool, with group commit within `bounds` (`None`: off).
+    pub fn group_commit(self, bounds: Option<GroupCommit>) -> Self {
+        self.rebuild(self.shared.opener.is_some(), self.shared.slow, bounds)
     }
 
     /// The turn's counts now, once the first write transaction asked SQLite which database
@@ -143,6 +156,7 @@ impl<D: Driver> Shared<D> {
                         return Ok(Target {
                             queue: Queue::of_file(&file),
                             writer: Some(Mutex::new(Some(conn))),
+                            line: Mutex::default(),
                         });
                     }
                     None => {
@@ -160,6 +174,7 @@ impl<D: Driver> Shared<D> {
         Ok(Target {
             queue,
             writer: None,
+            line: Mutex::default(),
         })
     }
 
@@ -202,6 +217,12 @@ impl<D: Driver> Shared<D> {
 }
 
 impl<D: Driver> Target<D> {
+    /// Whether write transactions run on a writer connection of the pool's own (group commit
+    /// needs one: an in-memory database has none).
+    pub(super) fn has_writer(&self) -> bool {
+        self.writer.is_some()
+    }
+
     fn take_writer(&self) -> Option<D::Connection> {
         lock(self.writer.as_ref()?).take()
     }
@@ -245,6 +266,7 @@ impl<D: Driver> fmt::Debug for WritePool<D> {
         f.debug_struct("WritePool")
             .field("own_writer_connection", &self.shared.opener.is_some())
             .field("slow_transaction", &self.shared.slow)
+            .field("group_commit", &self.shared.group)
             .field("queue", &target.map(|t| &t.queue))
             .finish_non_exhaustive()
     }

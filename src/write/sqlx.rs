@@ -17,8 +17,11 @@ use sqlx_sqlite::{
 };
 
 use super::driver::Driver;
+use super::failed::GroupCommitFailed;
+use super::group::GroupCommit;
 use super::stats::WriteStats;
 use super::{pool, transaction};
+use crate::classify::Retryable;
 
 /// sqlx 0.9's SQLite driver, as the write path uses it.
 #[derive(Debug)]
@@ -81,6 +84,12 @@ impl Driver for Sqlx {
         SqliteTransactionManager::begin(conn, Some(IMMEDIATE))
     }
 
+    fn begin_savepoint(
+        conn: &mut SqliteConnection,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_ {
+        SqliteTransactionManager::begin(conn, None)
+    }
+
     fn commit(
         conn: &mut SqliteConnection,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_ {
@@ -125,6 +134,14 @@ impl Driver for Sqlx {
 
     fn is_database_error(error: &sqlx::Error) -> bool {
         matches!(error, sqlx::Error::Database(_))
+    }
+
+    fn classify(error: &sqlx::Error) -> Option<Retryable> {
+        crate::classify(error)
+    }
+
+    fn group_failed(failure: GroupCommitFailed) -> sqlx::Error {
+        sqlx::Error::Io(std::io::Error::other(failure))
     }
 }
 
@@ -213,6 +230,51 @@ impl WritePool {
     pub fn slow_transaction(self, slow: Option<Duration>) -> Self {
         Self {
             inner: self.inner.slow_transaction(slow),
+        }
+    }
+
+    /// Group commit (`None`: off, the default): consecutive write transactions run inside
+    /// one SQLite transaction on the writer connection, each in a `SAVEPOINT` of its own, and
+    /// share one `COMMIT` (one fsync at `synchronous = FULL`), within `bounds`.
+    ///
+    /// A transaction's `commit()` returns once the group's `COMMIT` did, with its result: `Ok`
+    /// only when the group was committed, and only then is the request fenced. A member's
+    /// rollback, drop or error rolls back to its savepoint and leaves the others alone; the
+    /// group's `COMMIT` failing (or SQLite rolling the whole transaction back on its own, as on
+    /// `SQLITE_FULL`) fails every member, with [`GroupCommitFailed`] carrying the error's
+    /// classification (a retryable one replays the members' requests). A member sees the
+    /// writes of the members before it in the group, as if they had committed before it.
+    ///
+    /// A group commits as soon as nobody waits in the pool's line for it: an idle service
+    /// commits every transaction alone, with no added latency, and the first transaction of a
+    /// group runs as it would without groups (no savepoint). It also commits when it reached
+    /// `bounds` (members, age), and when a writer outside the pool waits for the database's
+    /// turn. Groups need the pool's own writer connection: with `writer_connection(false)` or an
+    /// in-memory database every transaction runs alone.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions, SqliteSynchronous};
+    /// use tower_sqlite_retry::WritePool;
+    /// use tower_sqlite_retry::write::GroupCommit;
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let options = SqliteConnectOptions::new()
+    ///     .filename(dir.path().join("app.db"))
+    ///     .create_if_missing(true)
+    ///     .synchronous(SqliteSynchronous::Full);
+    /// let pool = SqlitePoolOptions::new().connect_with(options).await?;
+    /// let db = WritePool::new(pool).group_commit(Some(GroupCommit::default()));
+    /// let mut tx = db.begin().await?;
+    /// sqlx::query("CREATE TABLE t (x)").execute(&mut *tx).await?;
+    /// tx.commit().await?; // alone: nobody waited to join
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn group_commit(self, bounds: Option<GroupCommit>) -> Self {
+        Self {
+            inner: self.inner.group_commit(bounds),
         }
     }
 

@@ -33,7 +33,10 @@ pub(crate) struct TurnCounts {
     /// The `database` label: the file's name, or `memory`.
     database: Arc<str>,
     waiting: AtomicUsize,
+    /// Of `waiting`, those waiting for the turn itself (not in a pool's group-commit line).
+    for_turn: AtomicUsize,
     transactions: AtomicU64,
+    commits: AtomicU64,
     /// Time the turn was held by the transactions that gave it back, in nanoseconds.
     busy: AtomicU64,
     /// When the current holder took the turn (nanoseconds since `BASE`, plus one), 0 if free.
@@ -49,7 +52,9 @@ impl TurnCounts {
         Self {
             database,
             waiting: AtomicUsize::new(0),
+            for_turn: AtomicUsize::new(0),
             transactions: AtomicU64::new(0),
+            commits: AtomicU64::new(0),
             busy: AtomicU64::new(0),
             held_since: AtomicU64::new(0),
             next_warn: AtomicU64::new(0),
@@ -57,12 +62,32 @@ impl TurnCounts {
         }
     }
 
-    /// A writer starts waiting for the turn; it stops when the guard drops (granted, past its
-    /// bound, or cancelled).
+    pub(crate) fn database(&self) -> &Arc<str> {
+        &self.database
+    }
+
+    /// A writer starts waiting to write (for the turn, or in a pool's group-commit line); it
+    /// stops when the guard drops (granted, past its bound, or cancelled).
     pub(crate) fn waiting(&self) -> Waiting<'_> {
         self.waiting.fetch_add(1, Ordering::Relaxed);
         recorder::write_waiting(&self.database, 1);
-        Waiting(self)
+        Waiting {
+            counts: self,
+            for_turn: false,
+        }
+    }
+
+    /// A writer starts waiting for the turn itself.
+    pub(crate) fn waiting_for_turn(&self) -> Waiting<'_> {
+        self.for_turn.fetch_add(1, Ordering::Relaxed);
+        let mut waiting = self.waiting();
+        waiting.for_turn = true;
+        waiting
+    }
+
+    /// Whether a writer waits for the turn itself (not in a group-commit line).
+    pub(crate) fn waiting_for_the_turn(&self) -> bool {
+        self.for_turn.load(Ordering::Relaxed) > 0
     }
 
     /// The turn was taken, after `waited`: when, for [`given_back`](Self::given_back).
@@ -75,16 +100,26 @@ impl TurnCounts {
     }
 
     /// The turn, taken at `taken`, is being given back: how long it was held. Called before
-    /// the turn goes to the next in line (which sets `held_since` again).
-    pub(crate) fn given_back(&self, taken: Instant) -> Duration {
+    /// the turn goes to the next in line (which sets `held_since` again). `alone`: it was one
+    /// write transaction's (a group's counts its members itself, [`members`](Self::members)).
+    pub(crate) fn given_back(&self, taken: Instant, alone: bool) -> Duration {
         let held = taken.elapsed();
         self.held_since.store(0, Ordering::Relaxed);
         self.busy.fetch_add(
             u64::try_from(held.as_nanos()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
-        self.transactions.fetch_add(1, Ordering::Relaxed);
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        if alone {
+            self.transactions.fetch_add(1, Ordering::Relaxed);
+        }
         held
+    }
+
+    /// A group commit ended with `members` write transactions in it.
+    pub(crate) fn members(&self, members: usize) {
+        self.transactions
+            .fetch_add(members as u64, Ordering::Relaxed);
     }
 
     /// After the turn went on: the metrics of a transaction that waited `waited` and held the
@@ -150,19 +185,26 @@ impl TurnCounts {
             waiting: self.waiting.load(Ordering::Relaxed),
             held: since != 0,
             transactions: self.transactions.load(Ordering::Relaxed),
+            commits: self.commits.load(Ordering::Relaxed),
             busy: Duration::from_nanos(self.busy.load(Ordering::Relaxed).saturating_add(current)),
             at,
         }
     }
 }
 
-/// A writer waiting for the turn: counted until dropped.
-pub(crate) struct Waiting<'a>(&'a TurnCounts);
+/// A writer waiting to write: counted until dropped.
+pub(crate) struct Waiting<'a> {
+    counts: &'a TurnCounts,
+    for_turn: bool,
+}
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
-        recorder::write_waiting(&self.0.database, -1);
+        if self.for_turn {
+            self.counts.for_turn.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.counts.waiting.fetch_sub(1, Ordering::Relaxed);
+        recorder::write_waiting(&self.counts.database, -1);
     }
 }
 
@@ -193,8 +235,12 @@ pub struct WriteStats {
     pub waiting: usize,
     /// Whether a write transaction holds the turn now.
     pub held: bool,
-    /// Write transactions that held the turn and gave it back, since the queue was made.
+    /// Write transactions that held the turn and gave it back (or, with group commit, were in a
+    /// group that did), since the queue was made.
     pub transactions: u64,
+    /// Times the turn was given back: one per write transaction, or per group with group
+    /// commit (`transactions / commits` is the mean group size).
+    pub commits: u64,
     /// The time the turn was held in all since the queue was made, the current holder's so far
     /// included.
     pub busy: Duration,
@@ -221,6 +267,7 @@ impl fmt::Debug for WriteStats {
             .field("waiting", &self.waiting)
             .field("held", &self.held)
             .field("transactions", &self.transactions)
+            .field("commits", &self.commits)
             .field("busy", &self.busy)
             .finish_non_exhaustive()
     }

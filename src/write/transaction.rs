@@ -48,11 +48,21 @@ use tokio::time::Instant;
 use crate::attempt::{RequestState, current_request};
 
 use super::driver::Driver;
+use super::group::Member;
 use super::pool::{Conn, Shared};
 use super::turn::Turn;
 
-/// A write transaction begun `IMMEDIATE` in its turn. See the public `WriteTransaction`s.
-pub struct Transaction<D: Driver> {
+/// A write transaction begun `IMMEDIATE` in its turn, alone or as a member of a group
+/// commit. See the public `WriteTransaction`s.
+pub struct Transaction<D: Driver>(Kind<D>);
+
+enum Kind<D: Driver> {
+    Alone(Alone<D>),
+    Member(Member<D>),
+}
+
+/// A write transaction alone in its turn.
+struct Alone<D: Driver> {
     state: State<D>,
 }
 
@@ -80,7 +90,8 @@ struct Held<D: Driver> {
 const MAX_DEPTH: usize = 64;
 
 impl<D: Driver> Transaction<D> {
-    /// Waits for the turn of `home`'s database, then begins `IMMEDIATE` on a connection.
+    /// Waits for the turn of `home`'s database, then begins `IMMEDIATE` on a connection; with
+    /// group commit, waits in the pool's line and joins (or opens) a group.
     ///
     /// Bounded by the current request's deadline (every step: the first use's question to
     /// SQLite, the turn, the connection, the `BEGIN`) and, for the wait for the turn, by the
@@ -110,6 +121,41 @@ impl<D: Driver> Transaction<D> {
                     .to_owned(),
             ));
         }
+        let kind = match home.group {
+            Some(bounds) if target.has_writer() => {
+                Kind::Member(Member::begin(home, bounds, request, deadline).await?)
+            }
+            _ => Kind::Alone(Alone::begin(home, target, request, deadline).await?),
+        };
+        Ok(Self(kind))
+    }
+
+    /// Commits. `Ok` only if the `COMMIT` was (a group member's: the group's), leaving the
+    /// connection at depth 0: the request is then fenced. A failure fences nothing.
+    pub async fn commit(self) -> Result<(), D::Error> {
+        match self.0 {
+            Kind::Alone(tx) => tx.commit().await,
+            Kind::Member(member) => member.commit().await,
+        }
+    }
+
+    /// Rolls back (a group member: to its savepoint).
+    pub async fn rollback(self) -> Result<(), D::Error> {
+        match self.0 {
+            Kind::Alone(tx) => tx.rollback().await,
+            Kind::Member(member) => member.rollback().await,
+        }
+    }
+}
+
+impl<D: Driver> Alone<D> {
+    /// Waits for the turn, then begins `IMMEDIATE` on a connection.
+    async fn begin(
+        home: &Arc<Shared<D>>,
+        target: &super::pool::Target<D>,
+        request: Option<Arc<RequestState>>,
+        deadline: Option<Instant>,
+    ) -> Result<Self, D::Error> {
         let acquire_timeout = D::acquire_timeout(&home.pool);
         let turn = target
             .queue
@@ -126,7 +172,7 @@ impl<D: Driver> Transaction<D> {
         };
         // NOTE: from here the transaction owns the connection and the turn: dropped at any
         // await below, it finishes them by the one drop protocol.
-        let mut tx = Transaction {
+        let mut tx = Alone {
             state: State::Beginning(Held {
                 conn,
                 turn,
@@ -164,7 +210,7 @@ impl<D: Driver> Transaction<D> {
     /// is then fenced, the connection and the turn handed on. A failure rolls back, fences
     /// nothing, and hands them on too. A savepoint of this transaction left open (a nested
     /// transaction forgotten) is [`Driver::invalid`], after a rollback of everything.
-    pub async fn commit(mut self) -> Result<(), D::Error> {
+    async fn commit(mut self) -> Result<(), D::Error> {
         let held = self.held_mut();
         let depth = D::depth(&held.conn);
         if depth != 1 {
@@ -216,7 +262,7 @@ impl<D: Driver> Transaction<D> {
     }
 
     /// Rolls back, and hands the connection and the turn on.
-    pub async fn rollback(mut self) -> Result<(), D::Error> {
+    async fn rollback(mut self) -> Result<(), D::Error> {
         let held = self.held_mut();
         let rolled_back = D::rollback(&mut held.conn).await;
         let clean = rolled_back.is_ok() && roll_back_all::<D>(&mut held.conn).await;
@@ -245,7 +291,7 @@ impl<D: Driver> Transaction<D> {
     }
 }
 
-impl<D: Driver> Drop for Transaction<D> {
+impl<D: Driver> Drop for Alone<D> {
     fn drop(&mut self) {
         let held = match std::mem::replace(&mut self.state, State::Done) {
             State::Done => return,
@@ -308,7 +354,7 @@ pub(crate) fn bound(deadline: Option<Instant>, limit: Duration) -> Option<Instan
 }
 
 /// `future`'s output, unless `until` passes first.
-async fn within<F: Future>(until: Option<Instant>, future: F) -> Option<F::Output> {
+pub(super) async fn within<F: Future>(until: Option<Instant>, future: F) -> Option<F::Output> {
     match until {
         Some(until) => tokio::time::timeout_at(until, future).await.ok(),
         None => Some(future.await),
@@ -319,23 +365,38 @@ impl<D: Driver> std::ops::Deref for Transaction<D> {
     type Target = D::Connection;
 
     fn deref(&self) -> &D::Connection {
-        match &self.state {
-            State::Open(held) => &held.conn,
-            _ => unreachable!("a transaction the handler holds is open"),
+        match &self.0 {
+            Kind::Alone(tx) => match &tx.state {
+                State::Open(held) => &held.conn,
+                _ => unreachable!("a transaction the handler holds is open"),
+            },
+            Kind::Member(member) => member.conn(),
         }
     }
 }
 
 impl<D: Driver> std::ops::DerefMut for Transaction<D> {
     fn deref_mut(&mut self) -> &mut D::Connection {
-        match &mut self.state {
-            State::Open(held) => &mut held.conn,
-            _ => unreachable!("a transaction the handler holds is open"),
+        match &mut self.0 {
+            Kind::Alone(tx) => match &mut tx.state {
+                State::Open(held) => &mut held.conn,
+                _ => unreachable!("a transaction the handler holds is open"),
+            },
+            Kind::Member(member) => member.conn_open_mut(),
         }
     }
 }
 
 impl<D: Driver> fmt::Debug for Transaction<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Kind::Alone(tx) => tx.fmt(f),
+            Kind::Member(member) => member.fmt(f),
+        }
+    }
+}
+
+impl<D: Driver> fmt::Debug for Alone<D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (state, turn) = match &self.state {
             State::Beginning(held) => ("beginning", Some(&held.turn)),

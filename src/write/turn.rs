@@ -102,6 +102,16 @@ impl Queue {
         self.path.as_deref()
     }
 
+    /// What the queue counts.
+    pub(crate) fn counts(&self) -> &TurnCounts {
+        &self.counts
+    }
+
+    /// The `database` label of its metrics.
+    pub(crate) fn database(&self) -> &Arc<str> {
+        self.counts.database()
+    }
+
     /// How many wait for the turn, how long it was held.
     pub(crate) fn stats(&self) -> WriteStats {
         self.counts.snapshot()
@@ -126,11 +136,32 @@ impl Queue {
         slow: Option<Duration>,
         until: impl FnOnce() -> Option<Instant>,
     ) -> Option<Turn> {
+        self.take_as(request, Some(slow), until).await
+    }
+
+    /// [`take`](Self::take) for a group commit: the turn is held for a whole group, whose
+    /// members report their own times (not per route, here).
+    pub(crate) async fn take_for_group(
+        self: &Arc<Self>,
+        request: Option<Arc<RequestState>>,
+        until: impl FnOnce() -> Option<Instant>,
+    ) -> Option<Turn> {
+        self.take_as(request, None, until).await
+    }
+
+    /// `report`: `Some(slow)` to report the time held per route (and a slow holder), `None`
+    /// for a group's turn.
+    async fn take_as(
+        self: &Arc<Self>,
+        request: Option<Arc<RequestState>>,
+        report: Option<Option<Duration>>,
+        until: impl FnOnce() -> Option<Instant>,
+    ) -> Option<Turn> {
         let (permit, waited) = match self.turn.try_acquire() {
             Ok(permit) => (permit, Duration::ZERO),
             Err(TryAcquireError::NoPermits) => {
                 let started = std::time::Instant::now();
-                let _waiting = self.counts.waiting();
+                let _waiting = self.counts.waiting_for_turn();
                 let acquire = self.turn.acquire();
                 let acquired = match until() {
                     Some(until) => tokio::time::timeout_at(until, acquire).await.ok()?,
@@ -154,7 +185,7 @@ impl Queue {
             request,
             taken,
             waited,
-            slow,
+            report,
         })
     }
 }
@@ -200,14 +231,29 @@ pub(crate) struct Turn {
     request: Option<Arc<RequestState>>,
     taken: std::time::Instant,
     waited: Duration,
-    /// The slow-transaction threshold.
-    slow: Option<Duration>,
+    /// Whether the time held is reported per route, and past which threshold it is slow:
+    /// `None` for a group's turn (its members report their own).
+    report: Option<Option<Duration>>,
 }
 
 impl Turn {
     /// The request this turn was taken for.
     pub(crate) fn request(&self) -> Option<&Arc<RequestState>> {
         self.request.as_ref()
+    }
+
+    /// The queue this turn is of.
+    pub(crate) fn queue(&self) -> &Arc<Queue> {
+        &self.queue
+    }
+
+    /// A group's turn now names the member running in it (for
+    /// [`Queue::is_held_by`] and the classifier's "its own lock").
+    pub(crate) fn name(&mut self, request: Option<Arc<RequestState>>) {
+        self.queue
+            .holder
+            .store(request.as_ref().map_or(0, address), Ordering::Release);
+        self.request = request;
     }
 
     /// The request lets go of the turn, which stays taken (a rollback still runs in it): the
@@ -226,12 +272,15 @@ impl Drop for Turn {
         // dropped after this body), and the counts are settled before the permit goes to the
         // next in line (who sets them again); the metrics and the WARN come after.
         self.release_request();
-        let held = self.queue.counts.given_back(self.taken);
-        self.queue.turn.add_permits(1);
-        let route = self.request.as_deref().map(RequestState::route);
-        self.queue
+        let held = self
+            .queue
             .counts
-            .report(route, self.waited, held, self.slow);
+            .given_back(self.taken, self.report.is_some());
+        self.queue.turn.add_permits(1);
+        if let Some(slow) = self.report {
+            let route = self.request.as_deref().map(RequestState::route);
+            self.queue.counts.report(route, self.waited, held, slow);
+        }
     }
 }
 
