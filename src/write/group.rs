@@ -399,6 +399,12 @@ enum MState<D: Driver> {
     Releasing {
         group: OpenGroup<D>,
     },
+    /// A rollback of the member sent (to its savepoint, or the first member's whole
+    /// transaction), its answer not read yet.
+    RollingBack {
+        group: OpenGroup<D>,
+        first: bool,
+    },
     /// The group's `COMMIT`, sent by this member, its answer not read yet.
     Committing {
         group: OpenGroup<D>,
@@ -567,6 +573,7 @@ impl<D: Driver> Member<D> {
             MState::Beginning { group, .. }
             | MState::Open { group, .. }
             | MState::Releasing { group }
+            | MState::RollingBack { group, .. }
             | MState::Committing { group } => group.conn_mut(),
             MState::Waiting(_) | MState::Done => unreachable!("the member holds the group"),
         }
@@ -593,6 +600,7 @@ impl<D: Driver> Member<D> {
             MState::Beginning { mut group, .. }
             | MState::Open { mut group, .. }
             | MState::Releasing { mut group }
+            | MState::RollingBack { mut group, .. }
             | MState::Committing { mut group } => {
                 group.live().turn.release_request();
                 group
@@ -709,6 +717,10 @@ impl<D: Driver> Member<D> {
             unreachable!("a transaction the handler holds is open");
         };
         let down_to = if first { 0 } else { 1 };
+        self.state = match std::mem::replace(&mut self.state, MState::Done) {
+            MState::Open { group, first } => MState::RollingBack { group, first },
+            _ => unreachable!("matched above"),
+        };
         let conn = self.conn_mut();
         let mut result = Ok(());
         while D::depth(conn) > down_to {
@@ -818,6 +830,30 @@ impl<D: Driver> Drop for Member<D> {
                 group.live().turn.release_request();
                 spawn_or_fail(group, self.bounds);
             }
+            // sqlx's protocol for a rollback whose answer was not read: the rollback nobody
+            // waits for, which the worker skips if that one went through (and otherwise runs).
+            MState::RollingBack {
+                mut group,
+                first: true,
+            } => {
+                group.live().turn.release_request();
+                D::start_rollback(group.conn_mut());
+                let live = group.live.take().expect("live");
+                if !D::can_spawn() {
+                    return live.release(false);
+                }
+                D::spawn(async move {
+                    let mut live = live;
+                    let clean = D::ping(&mut live.conn).await.is_ok()
+                        && rolled_back::<D>(&mut live.conn).await;
+                    live.release(clean);
+                });
+            }
+            MState::RollingBack { mut group, .. } => {
+                group.live().turn.release_request();
+                D::start_rollback(group.conn_mut());
+                spawn_or_fail(group, self.bounds);
+            }
             MState::Releasing { mut group } => {
                 fence();
                 group.live().turn.release_request();
@@ -854,6 +890,7 @@ impl<D: Driver> fmt::Debug for Member<D> {
             MState::Open { first: true, .. } => "open (first in its group)",
             MState::Open { .. } => "open (in a group)",
             MState::Releasing { .. } => "releasing",
+            MState::RollingBack { .. } => "rolling back",
             MState::Committing { .. } => "committing",
             MState::Waiting(_) => "waiting for its group",
             MState::Done => "done",
