@@ -3,7 +3,8 @@
 //! a random moment, again and again, on the same file. After each kill the file is opened
 //! afresh (SQLite recovers it) and checked against what the clients were told: every write
 //! acknowledged with `201` is there, and none is there twice. For the write path
-//! (`WritePool` under the layer) and for `BEGIN IMMEDIATE` on a pool (no layer).
+//! (`WritePool` under the layer), with and without group commit, and for `BEGIN IMMEDIATE` on
+//! a pool (no layer).
 //!
 //! The child is this test binary itself, run with `TSR_CRASH_SERVE` set: the test
 //! `crash_child` then serves until it is killed (without the variable it returns at once).
@@ -26,6 +27,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use tower_sqlite_retry::write::GroupCommit;
 use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer, WritePool};
 
 const SERVE: &str = "TSR_CRASH_SERVE";
@@ -108,6 +110,11 @@ fn crash_child() {
             "write-path" => router
                 .layer(SqliteRetryLayer::new(RetryPolicy::default()))
                 .with_state(Writes::Path(WritePool::new(pool))),
+            "write-path-group" => router
+                .layer(SqliteRetryLayer::new(RetryPolicy::default()))
+                .with_state(Writes::Path(
+                    WritePool::new(pool).group_commit(Some(GroupCommit::default())),
+                )),
             "immediate" => router.with_state(Writes::Immediate(pool)),
             other => panic!("unknown config {other}"),
         };
@@ -243,6 +250,13 @@ async fn rows(path: &Path) -> BTreeMap<i64, i64> {
 async fn every_acknowledged_write_survives_sigkill_on_the_write_path() {
     let (acked, rows) = crash_rounds("write-path", 8).await;
     eprintln!("write path: {acked} writes acknowledged, {rows} in the file after 8 kills");
+    assert!(acked > 0, "the server acknowledged writes between kills");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acknowledged_write_survives_sigkill_with_group_commit() {
+    let (acked, rows) = crash_rounds("write-path-group", 8).await;
+    eprintln!("group commit: {acked} writes acknowledged, {rows} in the file after 8 kills");
     assert!(acked > 0, "the server acknowledged writes between kills");
 }
 

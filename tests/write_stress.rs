@@ -23,6 +23,7 @@ use common::{HttpClient, TestDb, serve};
 use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::{Connection, SqliteConnection, SqlitePool};
 use tokio::sync::oneshot;
+use tower_sqlite_retry::write::GroupCommit;
 use tower_sqlite_retry::{Attempt, DbError, Jitter, RetryPolicy, SqliteRetryLayer, WritePool};
 
 /// Where a disconnecting request's handler says that it holds its transaction open: its
@@ -99,6 +100,10 @@ fn expected(kind: &str) -> StatusCode {
 }
 
 async fn storm(own_writer: bool) {
+    storm_with(own_writer, None).await;
+}
+
+async fn storm_with(own_writer: bool, group: Option<GroupCommit>) {
     let db = TestDb::new();
     let pool: SqlitePool = SqlitePoolOptions::new()
         .max_connections(8)
@@ -112,7 +117,9 @@ async fn storm(own_writer: bool) {
         .unwrap();
     let holding = Holding::default();
     let app = App {
-        db: WritePool::new(pool.clone()).writer_connection(own_writer),
+        db: WritePool::new(pool.clone())
+            .writer_connection(own_writer)
+            .group_commit(group),
         holding: holding.clone(),
     };
     let layer = SqliteRetryLayer::new(
@@ -241,9 +248,12 @@ async fn storm(own_writer: bool) {
     assert!(taken > 0, "the other connection took the lock");
     let m = metrics.snapshot();
     eprintln!(
-        "own writer connection {own_writer}: {} requests, {} replays, {} cancelled; the other \
-         connection took the lock {taken} times",
-        m.requests, m.retries, m.cancelled
+        "own writer connection {own_writer}, group commit {}: {} requests, {} replays, {} \
+         cancelled; the other connection took the lock {taken} times",
+        group.is_some(),
+        m.requests,
+        m.retries,
+        m.cancelled
     );
     assert!(m.retries >= 192, "the replay kind was replayed");
     assert_eq!(
@@ -275,4 +285,9 @@ async fn a_storm_on_the_writer_connection_loses_and_doubles_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_storm_on_pooled_connections_loses_and_doubles_nothing() {
     storm(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_storm_with_group_commit_loses_and_doubles_nothing() {
+    storm_with(true, Some(GroupCommit::default())).await;
 }
