@@ -382,6 +382,11 @@ pub(super) struct Member<D: Driver> {
     state: MState<D>,
     request: Option<Arc<RequestState>>,
     bounds: GroupCommit,
+    /// When it started waiting to write; then, once in the group, when it joined (with the
+    /// time it waited): what its route's metrics and the slow-transaction WARN report.
+    since: Instant,
+    waited: Option<Duration>,
+    slow: Option<Duration>,
 }
 
 enum MState<D: Driver> {
@@ -423,6 +428,7 @@ impl<D: Driver> Member<D> {
         request: Option<Arc<RequestState>>,
         deadline: Option<tokio::time::Instant>,
     ) -> Result<Self, D::Error> {
+        let since = Instant::now();
         let handoff = {
             let mut line = lock(line_of(home));
             if !line.busy {
@@ -450,6 +456,9 @@ impl<D: Driver> Member<D> {
                         },
                         request,
                         bounds,
+                        since,
+                        waited: None,
+                        slow: home.slow,
                     };
                     member.savepoint().await?;
                     return Ok(member);
@@ -463,7 +472,7 @@ impl<D: Driver> Member<D> {
                 None => return Err(D::timed_out()),
             },
         };
-        Self::open(home, bounds, request, deadline, baton).await
+        Self::open(home, bounds, request, deadline, baton, since).await
     }
 
     /// The first member: the database's turn, the writer connection, `BEGIN IMMEDIATE`.
@@ -473,6 +482,7 @@ impl<D: Driver> Member<D> {
         request: Option<Arc<RequestState>>,
         deadline: Option<tokio::time::Instant>,
         baton: Baton<D>,
+        since: Instant,
     ) -> Result<Self, D::Error> {
         let target = target_of(home);
         let acquire_timeout = D::acquire_timeout(&home.pool);
@@ -500,6 +510,9 @@ impl<D: Driver> Member<D> {
         };
         let home = baton.used();
         let mut member = Member {
+            since,
+            waited: None,
+            slow: home.slow,
             state: MState::Beginning {
                 group: OpenGroup {
                     live: Some(Live {
@@ -566,6 +579,24 @@ impl<D: Driver> Member<D> {
             MState::Beginning { group, first } => MState::Open { group, first },
             _ => unreachable!("a member begins once"),
         };
+        let waited = self.since.elapsed();
+        self.since = Instant::now();
+        self.waited = Some(waited);
+        crate::recorder::write_wait(self.request.as_deref().map(RequestState::route), waited);
+    }
+
+    /// The member leaves the group (its work released, rolled back, or dropped): its time in
+    /// it reported per route, as a write transaction alone reports its turn.
+    fn left(&mut self, group: &OpenGroup<D>) {
+        if let Some(waited) = self.waited.take()
+            && let Some(live) = &group.live
+        {
+            let route = self.request.as_deref().map(RequestState::route);
+            live.turn
+                .queue()
+                .counts()
+                .report(route, waited, self.since.elapsed(), self.slow);
+        }
     }
 
     fn conn_mut(&mut self) -> &mut D::Connection {
@@ -603,6 +634,7 @@ impl<D: Driver> Member<D> {
             | MState::RollingBack { mut group, .. }
             | MState::Committing { mut group } => {
                 group.live().turn.release_request();
+                self.left(&group);
                 group
             }
             MState::Waiting(_) | MState::Done => unreachable!("the member holds the group"),
@@ -828,6 +860,7 @@ impl<D: Driver> Drop for Member<D> {
             // worker rolls back itself), then the group goes on.
             MState::Beginning { mut group, .. } | MState::Open { mut group, .. } => {
                 group.live().turn.release_request();
+                self.left(&group);
                 spawn_or_fail(group, self.bounds);
             }
             // sqlx's protocol for a rollback whose answer was not read: the rollback nobody
@@ -851,12 +884,14 @@ impl<D: Driver> Drop for Member<D> {
             }
             MState::RollingBack { mut group, .. } => {
                 group.live().turn.release_request();
+                self.left(&group);
                 D::start_rollback(group.conn_mut());
                 spawn_or_fail(group, self.bounds);
             }
             MState::Releasing { mut group } => {
                 fence();
                 group.live().turn.release_request();
+                self.left(&group);
                 // sqlx's protocol: the rollback nobody waits for, which the worker skips if the
                 // RELEASE went through unanswered.
                 D::start_rollback(group.conn_mut());
