@@ -15,7 +15,8 @@
 //! Reads (`GET`) fetch one object by name.
 //!
 //! **Configurations** (`--configs`), each server in its own process (this binary re-executed
-//! with a hidden `--serve`), on a fresh SQLite file (WAL, `synchronous = NORMAL`,
+//! with a hidden `--serve`), on a fresh SQLite file (WAL, `synchronous = NORMAL`, or `FULL` with
+//! `--synchronous full`,
 //! `busy_timeout` 5 s), pool of `--pool-size` (8):
 //!
 //! | config | what |
@@ -26,6 +27,7 @@
 //! | `layer` | `SqliteRetryLayer` (default policy), the handler unchanged (deferred) |
 //! | `layer-write` | `SqliteRetryLayer` (default policy) and the write path (`WritePool`, its writer connection) |
 //! | `layer-write-shared` | the same with `writer_connection(false)`: writes take the pool's connections (the write path before it had a writer connection) |
+//! | `layer-write-group` | `layer-write` with group commit (`GroupCommit::default()`) |
 //!
 //! **Client**: a closed loop (like `wrk`) of `--connections` keep-alive HTTP/1.1 connections in
 //! this process, each sending its next request when the previous answer is read; `--warmup`
@@ -73,6 +75,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 use tokio::net::TcpStream;
+use tower_sqlite_retry::write::GroupCommit;
 use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer, WritePool, WriteTransaction};
 
 #[path = "common/chart.rs"]
@@ -94,6 +97,8 @@ enum Config {
     /// transactions take the application pool's connections (the write path before it had a
     /// writer connection).
     LayerWriteShared,
+    /// The write path with group commit (`GroupCommit::default()`).
+    LayerWriteGroup,
 }
 
 impl Config {
@@ -105,6 +110,7 @@ impl Config {
             Config::Layer => "layer",
             Config::LayerWrite => "layer-write",
             Config::LayerWriteShared => "layer-write-shared",
+            Config::LayerWriteGroup => "layer-write-group",
         }
     }
 }
@@ -199,6 +205,10 @@ struct Args {
     /// under `taskset -c 0`: the server then shares no core with the client.
     #[arg(long, value_name = "LIST")]
     server_cpus: Option<String>,
+    /// The servers' `synchronous` setting: `normal` (the default, WAL's usual) or `full` (an
+    /// fsync per commit: durable commits).
+    #[arg(long, default_value = "normal", value_parser = ["normal", "full"])]
+    synchronous: String,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -337,12 +347,20 @@ async fn get_object(
         .ok_or_else(|| DbError::internal(std::io::Error::other("no such object")))
 }
 
+/// `synchronous = FULL` for the servers, when set (`--synchronous full`).
+static FULL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn options(path: &Path) -> SqliteConnectOptions {
+    let synchronous = if FULL.load(std::sync::atomic::Ordering::Relaxed) {
+        SqliteSynchronous::Full
+    } else {
+        SqliteSynchronous::Normal
+    };
     SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))
         .expect("url")
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Normal)
+        .synchronous(synchronous)
         .busy_timeout(Duration::from_secs(5))
 }
 
@@ -422,6 +440,10 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
                 write: open_pool(path, 1).await?,
             },
             Config::LayerWrite => Db::Write(WritePool::new(open_pool(path, pool_size).await?)),
+            Config::LayerWriteGroup => Db::Write(
+                WritePool::new(open_pool(path, pool_size).await?)
+                    .group_commit(Some(GroupCommit::default())),
+            ),
             Config::LayerWriteShared => Db::Write(
                 WritePool::new(open_pool(path, pool_size).await?).writer_connection(false),
             ),
@@ -439,7 +461,7 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
             .with_state(app);
         if matches!(
             config,
-            Config::Layer | Config::LayerWrite | Config::LayerWriteShared
+            Config::Layer | Config::LayerWrite | Config::LayerWriteShared | Config::LayerWriteGroup
         ) {
             router = router.layer(SqliteRetryLayer::new(RetryPolicy::default()));
         }
@@ -501,6 +523,7 @@ impl Server {
             .args(["--serve", config.key(), "--db"])
             .arg(db)
             .args(["--pool-size", &args.pool_size.to_string()])
+            .args(["--synchronous", &args.synchronous])
             .args(
                 args.global_queue_interval
                     .map(|n| vec!["--global-queue-interval".to_owned(), n.to_string()])
@@ -954,6 +977,7 @@ fn draw(cells: &[Cell], configs: &[Config], path: &Path, meta: &str) -> Result<(
                 Config::Immediate => BLACK.stroke_width(3),
                 Config::LayerWrite => RGBColor(220, 80, 0).stroke_width(3),
                 Config::LayerWriteShared => RGBColor(150, 150, 150).stroke_width(2),
+                Config::LayerWriteGroup => RGBColor(0, 120, 200).stroke_width(3),
                 _ => Palette99::pick(i).stroke_width(2),
             };
             Some(chart::Line::new(
@@ -1004,6 +1028,10 @@ fn main() -> ExitCode {
             }
         };
     }
+    FULL.store(
+        args.synchronous == "full",
+        std::sync::atomic::Ordering::Relaxed,
+    );
     if let Some(config) = args.serve {
         let db = args.db.clone().expect("--db with --serve");
         let rounds = args.prep_rounds.unwrap_or_else(|| calibrate(args.prep_us));

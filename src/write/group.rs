@@ -579,8 +579,9 @@ impl<D: Driver> Member<D> {
             MState::Beginning { group, first } => MState::Open { group, first },
             _ => unreachable!("a member begins once"),
         };
-        let waited = self.since.elapsed();
-        self.since = Instant::now();
+        let now = Instant::now();
+        let waited = now.saturating_duration_since(self.since);
+        self.since = now;
         self.waited = Some(waited);
         crate::recorder::write_wait(self.request.as_deref().map(RequestState::route), waited);
     }
@@ -685,6 +686,16 @@ impl<D: Driver> Member<D> {
         }
         // This member's work is in the group (at depth 1): on to the next member, or commit.
         let mut group = self.take_group();
+        // NOTE: nobody in line now (the common case when idle): commit at once, with no channel.
+        // A member that comes in line after this look waits for the line, which this commit
+        // passes on.
+        let someone_waits = group.joinable(&self.bounds) && {
+            let home = &group.live.as_ref().expect("live").home;
+            !lock(line_of(home)).waiters.is_empty()
+        };
+        if !someone_waits {
+            return self.commit_group(group).await;
+        }
         let (tx, mut rx) = oneshot::channel();
         group.live().waiting.push(tx);
         match hand_on(group, &self.bounds) {
@@ -698,27 +709,31 @@ impl<D: Driver> Member<D> {
                 self.told(told)
             }
             Some(mut group) => {
-                // Nobody to hand it to: this member commits the group, for itself and every
-                // member waiting.
+                // Nobody took it after all (the members in line gave up): this member commits.
                 rx.close();
                 group.live().waiting.retain(|tx| !tx.is_closed());
-                group.live().turn.name(self.request.clone());
-                self.state = MState::Committing { group };
-                let MState::Committing { group } = &mut self.state else {
-                    unreachable!("set above")
-                };
-                // NOTE: cancelled half-way, this member's `Drop` fences its request (the
-                // `COMMIT` may go through) and the group's `Drop` finishes it.
-                let committed = group.commit().await;
-                self.state = MState::Done;
-                if committed.is_ok()
-                    && let Some(request) = &self.request
-                {
-                    request.fence();
-                }
-                committed
+                self.commit_group(group).await
             }
         }
+    }
+
+    /// This member commits the group, for itself and every member waiting.
+    async fn commit_group(mut self, mut group: OpenGroup<D>) -> Result<(), D::Error> {
+        group.live().turn.name(self.request.clone());
+        self.state = MState::Committing { group };
+        let MState::Committing { group } = &mut self.state else {
+            unreachable!("set above")
+        };
+        // NOTE: cancelled half-way, this member's `Drop` fences its request (the `COMMIT` may
+        // go through) and the group's `Drop` finishes it.
+        let committed = group.commit().await;
+        self.state = MState::Done;
+        if committed.is_ok()
+            && let Some(request) = &self.request
+        {
+            request.fence();
+        }
+        committed
     }
 
     /// The member's outcome, once the group told it.

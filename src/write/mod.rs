@@ -85,6 +85,39 @@
 //!   transaction (`&mut *tx`).
 //! - Reads need no turn: read from [`WritePool::pool`][pool] (or `&*db`), as before.
 //!
+//! # Group commit
+//!
+//! With [`WritePool::group_commit`][group] (off by default), write transactions that queue behind
+//! one another run inside one SQLite transaction on the writer connection, each in a
+//! `SAVEPOINT` of its own, and share one `COMMIT` (one fsync at `synchronous = FULL`; a WAL
+//! append of the hot pages once rather than per transaction). Each member stays all or
+//! nothing: its rollback, drop or error undoes its own work only. Nothing is acknowledged
+//! before it is durable: a member's `commit()` is `Ok` only once the group's `COMMIT` was, and
+//! only then is its request fenced. When the group's `COMMIT` fails, or SQLite rolls the
+//! whole transaction back on its own (`SQLITE_FULL`, `IOERR`, `NOMEM`, some `BUSY`), every
+//! member waiting fails, with [`GroupCommitFailed`] carrying the error's classification (a
+//! retryable one replays their requests: none was fenced).
+//!
+//! A group commits as soon as nobody waits in the pool's line: an idle service commits every
+//! transaction alone, and the first transaction of a group runs as it would without groups (no
+//! savepoint, no added latency). It also commits at its bounds ([`GroupCommit`]: 64 members,
+//! 10 ms by default; a member already in it runs to its end), and when a writer outside the
+//! pool waits for the database's turn. Readers never wait for a group (WAL).
+//!
+//! Why it is off by default: it changes what a failure means for a handler (a member can fail
+//! because another's statement filled the disk, or because the group's `COMMIT` met another
+//! process's lock), and a member's `commit()` waits for the members after it in its group.
+//! Measured (BENCHMARKS.md): 2.0–2.7× the writes of `BEGIN IMMEDIATE` at `synchronous = FULL`,
+//! 1.6× at `NORMAL` with no work outside the transaction, about the same as without groups on a
+//! handler whose own work dominates; a lone transaction costs about 4 % more instructions of
+//! the write path's own. Turn it on for durable commits (`FULL`) or when the write lock is the
+//! limit (utilization near 1.0).
+//!
+//! A savepoint forgotten with `mem::forget` after its commit was cancelled leaves sqlx's skip
+//! of the next unanswered rollback armed; without groups the next transaction's `BEGIN` clears
+//! it, inside a group only the next group's does (a dropped nested transaction in a later
+//! member of the same group could then keep its writes).
+//!
 //! # In-memory databases
 //!
 //! The first write transaction asks SQLite which database the pool opens. An in-memory (or
@@ -299,6 +332,7 @@
 #![cfg_attr(feature = "sqlite-write", doc = "[commit]: WriteTransaction::commit")]
 #![cfg_attr(feature = "sqlite-write", doc = "[stats]: WritePool::stats")]
 #![cfg_attr(feature = "sqlite-write", doc = "[slow]: WritePool::slow_transaction")]
+#![cfg_attr(feature = "sqlite-write", doc = "[group]: WritePool::group_commit")]
 #![cfg_attr(
     not(feature = "sqlite-write"),
     doc = "[`WritePool`]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WritePool.html"
@@ -326,6 +360,10 @@
 #![cfg_attr(
     not(feature = "sqlite-write"),
     doc = "[slow]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WritePool.html#method.slow_transaction"
+)]
+#![cfg_attr(
+    not(feature = "sqlite-write"),
+    doc = "[group]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WritePool.html#method.group_commit"
 )]
 
 mod driver;
