@@ -544,7 +544,11 @@ async fn unrelated_in_memory_databases_never_share_a_turn() {
 async fn group_commit_members_share_one_commit() {
     use tower_sqlite_retry::write::GroupCommit;
     let db = TestDb::new();
-    let pool = pool_of(db.options(SqliteJournalMode::Wal, Duration::from_secs(5)), 2).await;
+    let pool = pool_of(
+        db.options(SqliteJournalMode::Wal, Duration::from_secs(5)),
+        2,
+    )
+    .await;
     let writes = WritePool::new(pool.clone()).group_commit(Some(GroupCommit::default()));
     let mut a = writes.begin().await.unwrap();
     insert(&mut a, 1, "a").await.unwrap();
@@ -572,10 +576,15 @@ async fn group_commit_members_share_one_commit() {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     };
-    tokio::time::timeout(Duration::from_secs(30), queued).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), queued)
+        .await
+        .unwrap();
     let a_done = tokio::spawn(a.commit());
     began.recv().await.unwrap();
-    assert!(names(&pool).await.is_empty(), "nothing committed before the group's COMMIT");
+    assert!(
+        names(&pool).await.is_empty(),
+        "nothing committed before the group's COMMIT"
+    );
     go_tx.send(()).unwrap();
     b.await.unwrap().unwrap();
     dropped.await.unwrap();
