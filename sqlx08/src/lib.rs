@@ -115,8 +115,8 @@ use sqlx_sqlite::{
 };
 use tower_sqlite_retry::Retryable;
 use tower_sqlite_retry::WriteStats;
-use tower_sqlite_retry::write::{GroupCommit, GroupCommitFailed};
 use tower_sqlite_retry::write::shared::{self, Driver};
+use tower_sqlite_retry::write::{GroupCommit, GroupCommitFailed};
 
 /// sqlx 0.8's SQLite driver, as the write path of `tower-sqlite-retry` uses it: everything
 /// else (the turn, the transaction's lifecycle, the drop protocol) is that crate's one
