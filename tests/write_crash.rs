@@ -130,6 +130,8 @@ struct ChildServer {
 }
 
 impl ChildServer {
+    // The child is killed and waited for by `kill` (and on the failure path below).
+    #[allow(clippy::zombie_processes)]
     fn start(config: &str, path: &Path) -> Self {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([
@@ -148,11 +150,11 @@ impl ChildServer {
         let mut line = String::new();
         loop {
             line.clear();
-            assert_ne!(
-                out.read_line(&mut line).unwrap(),
-                0,
-                "the child server exited"
-            );
+            if out.read_line(&mut line).map_or(true, |n| n == 0) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the child server exited before it listened");
+            }
             // The harness writes `test crash_child ... ` before it, on the same line.
             if let Some((_, addr)) = line.trim().split_once("listening ") {
                 let addr = addr.parse().unwrap();

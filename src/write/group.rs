@@ -442,11 +442,7 @@ impl<D: Driver> Member<D> {
         };
         let baton = match handoff {
             None => Baton::new(Arc::clone(home)),
-            Some(handed) => match {
-                // Counted as waiting for the database's write turn, as it is.
-                let _waiting = target_of(home).queue.counts().waiting();
-                super::transaction::within(deadline, handed).await
-            } {
+            Some(handed) => match Self::wait_in_line(home, deadline, handed).await {
                 Some(Ok(Handoff::Group(mut group))) => {
                     group.live().turn.name(request.clone());
                     let mut member = Member {
@@ -473,6 +469,16 @@ impl<D: Driver> Member<D> {
             },
         };
         Self::open(home, bounds, request, deadline, baton, since).await
+    }
+
+    /// Waits in line, counted as waiting to write (it is).
+    async fn wait_in_line(
+        home: &Arc<Shared<D>>,
+        deadline: Option<tokio::time::Instant>,
+        handed: oneshot::Receiver<Handoff<D>>,
+    ) -> Option<Result<Handoff<D>, oneshot::error::RecvError>> {
+        let _waiting = target_of(home).queue.counts().waiting();
+        super::transaction::within(deadline, handed).await
     }
 
     /// The first member: the database's turn, the writer connection, `BEGIN IMMEDIATE`.
