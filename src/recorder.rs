@@ -19,12 +19,15 @@
 //! | `tower_sqlite_retry_write_wait_seconds` | histogram | seconds | `http_route`, `http_request_method` | the write path: time a write transaction waited for its database's turn (0 when it was free) |
 //! | `tower_sqlite_retry_write_held_seconds` | histogram | seconds | `http_route`, `http_request_method`, `database` | the write path: time a write transaction held its database's turn, from `BEGIN` to the turn going on (its commit or rollback included); the rate of its sum, by `database`, is the single writer's **utilization** |
 //! | `tower_sqlite_retry_write_waiting` | gauge | count | `database` | the write path: write transactions waiting for their database's turn now (the queue's length) |
+//! | `tower_sqlite_retry_write_group_members` | histogram | count | `database` | group commit: write transactions per group (1: committed alone) |
+//! | `tower_sqlite_retry_write_group_held_seconds` | histogram | seconds | `database` | group commit: time a group held the write lock, from its `BEGIN IMMEDIATE` to its `COMMIT` |
 //!
 //! ¹ only when the request ended on a retryable error the layer did not (or could no longer)
 //! replay: outcomes `exhausted`, `deadline`, `budget_exhausted`, `not_replayable`, `fenced`.
 //!
 //! The names are also constants here ([`REQUESTS`], [`REPLAYS`], [`ATTEMPTS`], [`BACKOFF`],
-//! [`QUEUE_WAIT`], [`BUFFERED_BYTES`], [`WRITE_WAIT`], [`WRITE_HELD`], [`WRITE_WAITING`]), with
+//! [`QUEUE_WAIT`], [`BUFFERED_BYTES`], [`WRITE_WAIT`], [`WRITE_HELD`], [`WRITE_WAITING`],
+//! [`WRITE_GROUP_MEMBERS`], [`WRITE_GROUP_HELD`]), with
 //! suggested histogram buckets ([`ATTEMPTS_BUCKETS`], [`SECONDS_BUCKETS`]).
 //!
 //! The write path's utilization, in PromQL: the share of each second a write transaction held

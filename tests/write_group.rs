@@ -387,3 +387,71 @@ async fn many_writers_group_and_lose_nothing() {
         "some grouped: {stats:?}"
     );
 }
+
+/// A member waiting for its group's outcome waits no longer than its request's deadline: it is
+/// answered while the member after it still holds the group, and not replayed (fenced: the
+/// group may yet commit it, and does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wait_for_the_group_ends_at_the_deadline() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use axum::extract::State;
+    use axum::http::StatusCode;
+    use axum::routing::post;
+    use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer};
+
+    #[derive(Clone)]
+    struct S {
+        writes: WritePool,
+        began: mpsc::UnboundedSender<()>,
+        go: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<()>>>,
+        calls: Arc<AtomicU32>,
+    }
+    async fn handler(State(s): State<S>) -> Result<StatusCode, DbError> {
+        s.calls.fetch_add(1, Ordering::SeqCst);
+        let mut tx = s.writes.begin().await?;
+        s.began.send(()).unwrap();
+        s.go.lock().await.recv().await.unwrap();
+        insert(&mut tx, "the request's").await?;
+        tx.commit().await?;
+        Ok(StatusCode::CREATED)
+    }
+    let db = TestDb::new();
+    let pool = pool_of(db.options(Duration::from_secs(5)), 2).await;
+    let writes = grouped(&pool);
+    let (began, mut request_began) = mpsc::unbounded_channel();
+    let (go, go_rx) = mpsc::unbounded_channel();
+    let state = S {
+        writes: writes.clone(),
+        began,
+        go: Arc::new(tokio::sync::Mutex::new(go_rx)),
+        calls: Arc::default(),
+    };
+    let app = axum::Router::new()
+        .route("/", post(handler))
+        .layer(SqliteRetryLayer::new(
+            RetryPolicy::default().deadline(Duration::from_secs(1)),
+        ))
+        .with_state(state.clone());
+    let server = common::serve(app).await;
+    let client = common::HttpClient::new(server.addr);
+    let request = tokio::spawn(async move { client.post("/", "").await });
+    request_began.recv().await.unwrap(); // the request's member opened the group
+    let mut held = paused(&writes, "held open after it");
+    waiting(&writes, 1).await;
+    go.send(()).unwrap(); // the request's member commits: the group goes to `held`
+    held.began.recv().await.unwrap();
+    let reply = tokio::time::timeout(Duration::from_secs(30), request)
+        .await
+        .expect("answered while the next member still holds the group")
+        .unwrap();
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        state.calls.load(Ordering::SeqCst),
+        1,
+        "not replayed: fenced"
+    );
+    held.go.send(()).unwrap();
+    held.done.await.unwrap().unwrap();
+    assert_eq!(names(&pool).await, ["the request's", "held open after it"]);
+}

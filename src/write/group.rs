@@ -707,12 +707,19 @@ impl<D: Driver> Member<D> {
         match hand_on(group, &self.bounds) {
             None => {
                 self.state = MState::Waiting(rx);
-                let told = match &mut self.state {
-                    MState::Waiting(rx) => rx.await,
-                    _ => unreachable!("set above"),
+                let deadline = self.request.as_ref().and_then(|r| r.deadline());
+                let MState::Waiting(rx) = &mut self.state else {
+                    unreachable!("set above")
                 };
-                self.state = MState::Done;
-                self.told(told)
+                match super::transaction::within(deadline, rx).await {
+                    Some(told) => {
+                        self.state = MState::Done;
+                        self.told(told)
+                    }
+                    // The request's deadline: answered now, fenced (its work may yet be
+                    // committed with the group), as a cancelled commit is.
+                    None => Err(D::timed_out()),
+                }
             }
             Some(mut group) => {
                 // Nobody took it after all (the members in line gave up): this member commits.
