@@ -863,27 +863,11 @@ impl<D: Driver> Drop for Member<D> {
             // Released into the group: it may commit, so never replay this request.
             MState::Waiting(_) => fence(),
             // The first member, before anyone joined: it ends as a transaction alone does.
-            MState::Beginning {
-                mut group,
-                first: true,
-            }
-            | MState::Open {
-                mut group,
-                first: true,
-            } => {
-                group.live().turn.release_request();
-                D::start_rollback(group.conn_mut());
-                let live = group.live.take().expect("live");
-                if !D::can_spawn() {
-                    return live.release(false);
-                }
-                D::spawn(async move {
-                    let mut live = live;
-                    let clean = D::ping(&mut live.conn).await.is_ok()
-                        && rolled_back::<D>(&mut live.conn).await;
-                    live.release(clean);
-                });
-            }
+            // (Its rollback nobody waits for is sqlx's protocol for an open transaction, and for
+            // a `ROLLBACK` whose answer was not read, which the worker then skips.)
+            MState::Beginning { group, first: true }
+            | MState::Open { group, first: true }
+            | MState::RollingBack { group, first: true } => end_alone(group),
             // A joiner: its savepoint rolled back (a `SAVEPOINT` whose answer was not read the
             // worker rolls back itself), then the group goes on.
             MState::Beginning { mut group, .. } | MState::Open { mut group, .. } => {
@@ -893,23 +877,6 @@ impl<D: Driver> Drop for Member<D> {
             }
             // sqlx's protocol for a rollback whose answer was not read: the rollback nobody
             // waits for, which the worker skips if that one went through (and otherwise runs).
-            MState::RollingBack {
-                mut group,
-                first: true,
-            } => {
-                group.live().turn.release_request();
-                D::start_rollback(group.conn_mut());
-                let live = group.live.take().expect("live");
-                if !D::can_spawn() {
-                    return live.release(false);
-                }
-                D::spawn(async move {
-                    let mut live = live;
-                    let clean = D::ping(&mut live.conn).await.is_ok()
-                        && rolled_back::<D>(&mut live.conn).await;
-                    live.release(clean);
-                });
-            }
             MState::RollingBack { mut group, .. } => {
                 group.live().turn.release_request();
                 self.left(&group);
@@ -932,6 +899,23 @@ impl<D: Driver> Drop for Member<D> {
             }
         }
     }
+}
+
+/// The first member of a group, dropped before anyone joined: it ends as a transaction alone
+/// does. The rollback nobody waits for now; in the background, once the connection ran it,
+/// whatever is left rolled back, then the connection, the turn and the line go on.
+fn end_alone<D: Driver>(mut group: OpenGroup<D>) {
+    group.live().turn.release_request();
+    D::start_rollback(group.conn_mut());
+    let live = group.live.take().expect("live");
+    if !D::can_spawn() {
+        return live.release(false);
+    }
+    D::spawn(async move {
+        let mut live = live;
+        let clean = D::ping(&mut live.conn).await.is_ok() && rolled_back::<D>(&mut live.conn).await;
+        live.release(clean);
+    });
 }
 
 /// [`go_on`] in the background; without a runtime, the group fails.
