@@ -28,6 +28,7 @@
 //! | `layer-write` | `SqliteRetryLayer` (default policy) and the write path (`WritePool`, its writer connection) |
 //! | `layer-write-shared` | the same with `writer_connection(false)`: writes take the pool's connections (the write path before it had a writer connection) |
 //! | `layer-write-group` | `layer-write` with group commit (`GroupCommit::default()`) |
+//! | `layer-write-no-read-limit` | `layer-write` with `RetryPolicy::read_limit(None)`: reads never held back while writers wait (the write path before the read limit) |
 //!
 //! **Client**: a closed loop (like `wrk`) of `--connections` keep-alive HTTP/1.1 connections in
 //! this process, each sending its next request when the previous answer is read; `--warmup`
@@ -99,6 +100,9 @@ enum Config {
     LayerWriteShared,
     /// The write path with group commit (`GroupCommit::default()`).
     LayerWriteGroup,
+    /// `layer-write` with no read limit (`RetryPolicy::read_limit(None)`): reads are never
+    /// held back while writers wait (the write path before the read limit).
+    LayerWriteNoReadLimit,
 }
 
 impl Config {
@@ -111,6 +115,7 @@ impl Config {
             Config::LayerWrite => "layer-write",
             Config::LayerWriteShared => "layer-write-shared",
             Config::LayerWriteGroup => "layer-write-group",
+            Config::LayerWriteNoReadLimit => "layer-write-no-read-limit",
         }
     }
 }
@@ -439,7 +444,9 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
                 read: open_pool(path, pool_size).await?,
                 write: open_pool(path, 1).await?,
             },
-            Config::LayerWrite => Db::Write(WritePool::new(open_pool(path, pool_size).await?)),
+            Config::LayerWrite | Config::LayerWriteNoReadLimit => {
+                Db::Write(WritePool::new(open_pool(path, pool_size).await?))
+            }
             Config::LayerWriteGroup => Db::Write(
                 WritePool::new(open_pool(path, pool_size).await?)
                     .group_commit(Some(GroupCommit::default())),
@@ -461,9 +468,17 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
             .with_state(app);
         if matches!(
             config,
-            Config::Layer | Config::LayerWrite | Config::LayerWriteShared | Config::LayerWriteGroup
+            Config::Layer
+                | Config::LayerWrite
+                | Config::LayerWriteShared
+                | Config::LayerWriteGroup
+                | Config::LayerWriteNoReadLimit
         ) {
-            router = router.layer(SqliteRetryLayer::new(RetryPolicy::default()));
+            let mut policy = RetryPolicy::default();
+            if config == Config::LayerWriteNoReadLimit {
+                policy = policy.read_limit(None);
+            }
+            router = router.layer(SqliteRetryLayer::new(policy));
         }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         println!("listening {}", listener.local_addr()?);

@@ -45,7 +45,7 @@ use http::request::Parts;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body::Body;
 use pin_project_lite::pin_project;
-use tokio::sync::{AcquireError, OwnedSemaphorePermit};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 use tracing::Span;
@@ -72,8 +72,9 @@ const ADMITTED_BACKOFF_FACTOR: u32 = 4;
 /// only about a dozen more attempts.
 const SHORT_BACKOFF_ATTEMPTS: u32 = 16;
 
-type GateAcquire =
-    Pin<Box<dyn Future<Output = Result<OwnedSemaphorePermit, AcquireError>> + Send + 'static>>;
+/// The wait for a permit: the replay gate's, or the read limit's (`None`: the read waited the
+/// policy's `read_wait` and goes ahead without one).
+type GateAcquire = Pin<Box<dyn Future<Output = Option<OwnedSemaphorePermit>> + Send + 'static>>;
 type AdmitAcquire = Pin<Box<dyn Future<Output = Admitted> + Send + 'static>>;
 
 pin_project! {
@@ -178,8 +179,10 @@ enum Source<B: Body> {
 /// What the next attempt has gathered on its way through the queues.
 #[derive(Default)]
 struct Pending {
-    /// The replay gate's permit, held until the attempt's answer is in.
+    /// The replay gate's or the read limit's permit, held until the attempt's answer is in.
     permit: Option<OwnedSemaphorePermit>,
+    /// The read limit was asked (and waited for, if it had to) for this attempt.
+    read_checked: bool,
     /// Time spent in the queues (admission, the gate), once it passed one, even at once: one
     /// `queue_wait` sample per attempt that was queued.
     waited: Option<Duration>,
@@ -473,8 +476,9 @@ where
     }
 
     /// `Queue`: the checkpoint, then the next wait: a slot on the route (writer admission,
-    /// held until the request ends or fences), the replay gate (replays only), the inner
-    /// service's readiness.
+    /// held until the request ends or fences), the replay gate (replays only), the read limit
+    /// (a `GET` or `HEAD` while writers wait for a write turn), the inner service's
+    /// readiness.
     fn queue(&mut self, mut pending: Pending) -> Next<S::Future, Answer<S, B>> {
         if let Err(stop) = self.checkpoint() {
             return self.stop(stop, pending);
@@ -505,7 +509,43 @@ where
             match gate.clone().try_acquire_owned() {
                 Ok(permit) => pending.permit = Some(permit),
                 Err(_) => {
-                    let acquire = Box::pin(gate.clone().acquire_owned());
+                    let gate = gate.clone();
+                    let acquire: GateAcquire = Box::pin(async move {
+                        Some(
+                            gate.acquire_owned()
+                                .await
+                                .expect("the gate is never closed"),
+                        )
+                    });
+                    self.span();
+                    return Next::To(State::Gate {
+                        acquire,
+                        since: Instant::now(),
+                        pending,
+                    });
+                }
+            }
+        }
+        if pending.permit.is_none()
+            && !pending.read_checked
+            && let Some(reads) = &self.shared.reads
+            && self.request.outer().is_none()
+            && matches!(self.request.route().method, Method::GET | Method::HEAD)
+            && crate::write::writers_waiting()
+        {
+            pending.add(Duration::ZERO);
+            pending.read_checked = true;
+            match reads.clone().try_acquire_owned() {
+                Ok(permit) => pending.permit = Some(permit),
+                Err(_) => {
+                    let (reads, most) = (reads.clone(), self.shared.policy.read_wait);
+                    let acquire: GateAcquire = Box::pin(async move {
+                        let permit = tokio::time::timeout(most, reads.acquire_owned());
+                        permit
+                            .await
+                            .ok()
+                            .map(|p| p.expect("the read limit is never closed"))
+                    });
                     self.span();
                     return Next::To(State::Gate {
                         acquire,
@@ -537,7 +577,8 @@ where
         })
     }
 
-    /// `Gate`: waits for the replay gate, within the deadline.
+    /// `Gate`: waits for a permit (the replay gate's, or the read limit's), within the
+    /// deadline.
     fn gate(
         &mut self,
         cx: &mut Context<'_>,
@@ -545,14 +586,10 @@ where
         since: Instant,
         pending: &mut Pending,
     ) -> Poll<Next<S::Future, Answer<S, B>>> {
-        // The semaphore lives as long as the layer and is never closed.
-        let polled = acquire
-            .as_mut()
-            .poll(cx)
-            .map(|permit| permit.expect("gate never closed"));
+        let polled = acquire.as_mut().poll(cx);
         Poll::Ready(match ready!(self.wait_end(cx, polled, since, pending)) {
             Ok((permit, mut pending)) => {
-                pending.permit = Some(permit);
+                pending.permit = permit;
                 Next::To(State::Queue { pending })
             }
             Err(stop) => stop,

@@ -17,6 +17,8 @@ pub(crate) struct Shared {
     pub(crate) policy: RetryPolicy,
     pub(crate) counters: Arc<Counters>,
     pub(crate) gate: Option<Arc<Semaphore>>,
+    /// The read limit's permits (`RetryPolicy::read_limit`).
+    pub(crate) reads: Option<Arc<Semaphore>>,
     pub(crate) admissions: Admissions,
 }
 
@@ -81,12 +83,14 @@ impl SqliteRetryLayer {
         policy.validate()?;
         crate::recorder::describe();
         let gate = policy.replay_gate.map(|n| Arc::new(Semaphore::new(n)));
+        let reads = policy.read_limit.map(|n| Arc::new(Semaphore::new(n.get())));
         Ok(Self {
             shared: Arc::new(Shared {
                 admissions: Admissions::new(policy.admission),
                 policy,
                 counters: Arc::default(),
                 gate,
+                reads,
             }),
             classifier: NeverRetryErrors,
         })

@@ -66,6 +66,11 @@ impl TurnCounts {
         &self.database
     }
 
+    /// Whether a writer waits to write now (for the turn, or in a group-commit line).
+    pub(crate) fn has_waiting(&self) -> bool {
+        self.waiting.load(Ordering::Relaxed) > 0
+    }
+
     /// A writer starts waiting to write (for the turn, or in a pool's group-commit line); it
     /// stops when the guard drops (granted, past its bound, or cancelled).
     pub(crate) fn waiting(&self) -> Waiting<'_> {

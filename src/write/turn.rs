@@ -213,6 +213,16 @@ pub(crate) fn held_by(request: &Arc<RequestState>) -> bool {
         .any(|queue| queue.is_held_by(Some(request)))
 }
 
+/// Whether a writer waits for a write turn (or in a group-commit line) of any database in this
+/// process now: what the layer's read limit asks before a read runs. Walks the registry (one
+/// lock, a handful of queues); the queues' counts say it, nothing else keeps it.
+pub(crate) fn writers_waiting() -> bool {
+    queues()
+        .values()
+        .filter_map(Weak::upgrade)
+        .any(|queue| queue.counts.has_waiting())
+}
+
 impl fmt::Debug for Queue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Queue")

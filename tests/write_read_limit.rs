@@ -1,0 +1,418 @@
+//! The read limit (`RetryPolicy::read_limit`, `read_wait`): while a writer waits for a write
+//! turn, at most `n` `GET`/`HEAD` handlers under the layer run at once; a read held back runs
+//! anyway after `read_wait`; writes, and reads while no writer waits, are never held back.
+//!
+//! Real SQLite files, real `WritePool`s, real HTTP over loopback. Every wait is made by a
+//! transaction or a handler the test holds (a writer waits behind a transaction the test keeps
+//! open; a read stays in its handler until the test lets it go), never by timing: where a read
+//! must *not* get in, its `read_wait` is an hour. Which writers count is process-wide (any
+//! database's turn), so the tests of this file take turns ([`serial`]).
+
+mod common;
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use common::{HttpClient, TestDb, poll_until, serve};
+use tokio::sync::{Semaphore, watch};
+use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer, WritePool};
+
+/// The tests of this file one at a time: the read limit asks whether a writer waits for *any*
+/// database's turn in the process.
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+#[derive(Clone)]
+struct App {
+    writes: WritePool,
+    /// Handlers that are in (entered and not yet answered).
+    inside: Arc<AtomicUsize>,
+    /// Handlers that ever got in.
+    entered: Arc<AtomicUsize>,
+    /// What a held handler waits for before it answers.
+    release: Arc<Semaphore>,
+}
+
+impl App {
+    async fn new(db: &TestDb) -> Self {
+        Self {
+            writes: WritePool::new(db.pool(4, Duration::from_secs(5)).await),
+            inside: Arc::default(),
+            entered: Arc::default(),
+            release: Arc::new(Semaphore::new(0)),
+        }
+    }
+
+    fn router(&self, policy: RetryPolicy) -> Router {
+        Router::new()
+            .route("/read", get(read))
+            .route("/peek", post(read))
+            .route("/write/{seq}", post(write))
+            .layer(SqliteRetryLayer::new(policy))
+            .with_state(self.clone())
+    }
+
+    fn entered(&self) -> usize {
+        self.entered.load(Ordering::SeqCst)
+    }
+}
+
+/// Reads the table, then stays in until the test releases it.
+async fn read(State(app): State<App>) -> Result<String, DbError> {
+    app.entered.fetch_add(1, Ordering::SeqCst);
+    app.inside.fetch_add(1, Ordering::SeqCst);
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM items")
+        .fetch_one(&*app.writes)
+        .await?;
+    app.release.acquire().await.expect("open").forget();
+    app.inside.fetch_sub(1, Ordering::SeqCst);
+    Ok(count.to_string())
+}
+
+/// One write transaction through the write path.
+async fn write(State(app): State<App>, Path(seq): Path<i64>) -> Result<StatusCode, DbError> {
+    let mut tx = app.writes.begin().await?;
+    sqlx::query("INSERT INTO items (seq, name) VALUES (?, 'w')")
+        .bind(seq)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(StatusCode::CREATED)
+}
+
+fn limit(n: usize) -> RetryPolicy {
+    RetryPolicy::default().read_limit(NonZeroUsize::new(n))
+}
+
+/// A writer waiting for the turn behind a transaction the test holds: `(the transaction, the
+/// writer)`. Commit the transaction to let the writer through. (The writer is a task of the
+/// test, not a request: its wait is bounded by the pool's `acquire_timeout`, 30 s, whatever
+/// the layer's deadline.)
+async fn waiting_writer(
+    app: &App,
+    seq: i64,
+) -> (
+    tower_sqlite_retry::WriteTransaction,
+    tokio::task::JoinHandle<()>,
+) {
+    let held = app.writes.begin().await.expect("begin");
+    let writes = app.writes.clone();
+    let writer = tokio::spawn(async move {
+        let mut tx = writes.begin().await.expect("the writer's turn");
+        sqlx::query("INSERT INTO items (seq, name) VALUES (?, 'w')")
+            .bind(seq)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    });
+    poll_until("a writer waits for the turn", async || {
+        app.writes.stats().is_some_and(|s| s.waiting == 1)
+    })
+    .await;
+    (held, writer)
+}
+
+fn spawn_get(client: &HttpClient, path: &str) -> tokio::task::JoinHandle<common::Reply> {
+    let client = client.clone();
+    let path = path.to_owned();
+    tokio::spawn(async move { client.get(&path).await })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_a_writer_waits_reads_run_at_most_the_limit_at_once() {
+    let _serial = serial().await;
+    let db = TestDb::new();
+    let app = App::new(&db).await;
+    let server = serve(app.router(limit(2).read_wait(HOUR))).await;
+    let client = HttpClient::new(server.addr);
+    let (held, writer) = waiting_writer(&app, 1).await;
+
+    let reads: Vec<_> = (0..3).map(|_| spawn_get(&client, "/read")).collect();
+    poll_until("two reads in", async || app.entered() == 2).await;
+    // The third is held back: it gets in only when one of the two answers. (Its `read_wait`
+    // is an hour: it cannot get in any other way.)
+    app.release.add_permits(1);
+    poll_until("the third read in", async || app.entered() == 3).await;
+    assert_eq!(
+        app.inside.load(Ordering::SeqCst),
+        2,
+        "never more than two at once"
+    );
+
+    app.release.add_permits(2);
+    for read in reads {
+        assert_eq!(read.await.unwrap().status, StatusCode::OK);
+    }
+    held.commit().await.unwrap();
+    writer.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_no_writer_waits_reads_are_never_held_back() {
+    let _serial = serial().await;
+    let db = TestDb::new();
+    let app = App::new(&db).await;
+    let server = serve(app.router(limit(1).read_wait(HOUR))).await;
+    let client = HttpClient::new(server.addr);
+    // The turn held, nobody waiting for it: not a reason to hold reads back.
+    let held = app.writes.begin().await.unwrap();
+
+    let reads: Vec<_> = (0..3).map(|_| spawn_get(&client, "/read")).collect();
+    poll_until("all three reads in at once", async || app.entered() == 3).await;
+    app.release.add_permits(3);
+    for read in reads {
+        assert_eq!(read.await.unwrap().status, StatusCode::OK);
+    }
+    held.commit().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_held_back_runs_anyway_after_read_wait() {
+    let _serial = serial().await;
+    let db = TestDb::new();
+    let app = App::new(&db).await;
+    let server = serve(app.router(limit(1).read_wait(Duration::from_millis(50)))).await;
+    let client = HttpClient::new(server.addr);
+    let (held, writer) = waiting_writer(&app, 1).await;
+
+    // The first read keeps the only permit until the test lets it go (a long poll).
+    let first = spawn_get(&client, "/read");
+    poll_until("the first read in", async || app.entered() == 1).await;
+    // The second is held back, then gets in without a permit while the first is still in.
+    let second = spawn_get(&client, "/read");
+    poll_until("the second read in beside the first", async || {
+        app.entered() == 2
+    })
+    .await;
+    assert_eq!(app.inside.load(Ordering::SeqCst), 2);
+    app.release.add_permits(2);
+    assert_eq!(second.await.unwrap().status, StatusCode::OK);
+    assert_eq!(first.await.unwrap().status, StatusCode::OK);
+    held.commit().await.unwrap();
+    writer.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_methods_are_never_held_back() {
+    let _serial = serial().await;
+    let db = TestDb::new();
+    let app = App::new(&db).await;
+    let server = serve(app.router(limit(1).read_wait(HOUR))).await;
+    let client = HttpClient::new(server.addr);
+    let (held, writer) = waiting_writer(&app, 1).await;
+
+    let get = spawn_get(&client, "/read");
+    poll_until("the read in", async || app.entered() == 1).await;
+    // A `POST` (even one that only reads) is not a read for the limit.
+    let post = {
+        let client = client.clone();
+        tokio::spawn(async move { client.post("/peek", "").await })
+    };
+    poll_until("the POST in beside the read", async || app.entered() == 2).await;
+    app.release.add_permits(2);
+    assert_eq!(get.await.unwrap().status, StatusCode::OK);
+    assert_eq!(post.await.unwrap().status, StatusCode::OK);
+    held.commit().await.unwrap();
+    writer.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_read_limit_reads_run_freely_while_writers_wait() {
+    let _serial = serial().await;
+    let db = TestDb::new();
+    let app = App::new(&db).await;
+    let server = serve(app.router(RetryPolicy::default().read_limit(None))).await;
+    let client = HttpClient::new(server.addr);
+    let (held, writer) = waiting_writer(&app, 1).await;
+
+    let reads: Vec<_> = (0..4).map(|_| spawn_get(&client, "/read")).collect();
+    poll_until("all four reads in", async || app.entered() == 4).await;
+    app.release.add_permits(4);
+    for read in reads {
+        assert_eq!(read.await.unwrap().status, StatusCode::OK);
+    }
+    held.commit().await.unwrap();
+    writer.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nested_layers_take_one_permit_per_read() {
+    let _serial = serial().await;
+    let db = TestDb::new();
+    let app = App::new(&db).await;
+    // The same layer twice (one read limit of one permit): the inner one must not wait for a
+    // second permit of the read that the outer one let in.
+    let layer = SqliteRetryLayer::new(limit(1).read_wait(HOUR));
+    let router = Router::new()
+        .route("/read", get(read).layer(layer.clone()))
+        .route("/write/{seq}", post(write))
+        .layer(layer)
+        .with_state(app.clone());
+    let server = serve(router).await;
+    let client = HttpClient::new(server.addr);
+    let (held, writer) = waiting_writer(&app, 1).await;
+
+    let read = spawn_get(&client, "/read");
+    poll_until("the read in through both layers", async || {
+        app.entered() == 1
+    })
+    .await;
+    app.release.add_permits(1);
+    assert_eq!(read.await.unwrap().status, StatusCode::OK);
+    held.commit().await.unwrap();
+    writer.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_held_back_past_its_deadline_is_answered_503() {
+    let _serial = serial().await;
+    let db = TestDb::new();
+    let app = App::new(&db).await;
+    let policy = limit(1)
+        .read_wait(HOUR)
+        .deadline(Duration::from_millis(200));
+    let server = serve(app.router(policy)).await;
+    let client = HttpClient::new(server.addr);
+    let (held, writer) = waiting_writer(&app, 1).await;
+
+    let first = spawn_get(&client, "/read");
+    poll_until("the first read in", async || app.entered() == 1).await;
+    let second = tokio::time::timeout(Duration::from_secs(20), client.get("/read"))
+        .await
+        .expect("answered at its deadline, not let in");
+    assert_eq!(second.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(second.headers.contains_key("retry-after"));
+    assert_eq!(app.entered(), 1, "the held-back read never ran");
+    app.release.add_permits(1);
+    assert_eq!(first.await.unwrap().status, StatusCode::OK);
+    held.commit().await.unwrap();
+    writer.await.unwrap();
+}
+
+/// Many threads, real HTTP: readers (some of whose `GET`s also write, so a request holding a
+/// read permit queues for the turn), writers, and the smallest limit. Nothing deadlocks, every
+/// request is answered, every acknowledged write is in the file exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_storm_of_reads_and_writes_under_the_smallest_limit_loses_nothing() {
+    let _serial = serial().await;
+    let db = TestDb::new();
+    let writes = WritePool::new(db.pool(4, Duration::from_secs(5)).await);
+    let next = Arc::new(AtomicUsize::new(0));
+    let router = Router::new()
+        .route(
+            "/read",
+            get(
+                async |State(w): State<WritePool>| -> Result<String, DbError> {
+                    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM items")
+                        .fetch_one(&*w)
+                        .await?;
+                    Ok(n.to_string())
+                },
+            ),
+        )
+        .route(
+            "/touch/{seq}",
+            get(
+                async |State(w): State<WritePool>,
+                       Path(seq): Path<i64>|
+                       -> Result<StatusCode, DbError> {
+                    let mut tx = w.begin().await?;
+                    sqlx::query("INSERT INTO items (seq, name) VALUES (?, 'g')")
+                        .bind(seq)
+                        .execute(&mut *tx)
+                        .await?;
+                    tx.commit().await?;
+                    Ok(StatusCode::CREATED)
+                },
+            ),
+        )
+        .route(
+            "/write/{seq}",
+            post(
+                async |State(w): State<WritePool>,
+                       Path(seq): Path<i64>|
+                       -> Result<StatusCode, DbError> {
+                    let mut tx = w.begin().await?;
+                    sqlx::query("INSERT INTO items (seq, name) VALUES (?, 'w')")
+                        .bind(seq)
+                        .execute(&mut *tx)
+                        .await?;
+                    tx.commit().await?;
+                    Ok(StatusCode::CREATED)
+                },
+            ),
+        )
+        .layer(SqliteRetryLayer::new(limit(1).read_wait(HOUR)))
+        .with_state(writes.clone());
+    let server = serve(router).await;
+    let client = HttpClient::new(server.addr);
+
+    let (stop_tx, stop) = watch::channel(false);
+    let mut clients = Vec::new();
+    for c in 0..24 {
+        let (client, next, stop) = (client.clone(), next.clone(), stop.clone());
+        clients.push(tokio::spawn(async move {
+            let mut acknowledged = Vec::new();
+            let (mut answered, mut touched) = (0, 0);
+            while !*stop.borrow() {
+                let seq = next.fetch_add(1, Ordering::SeqCst) as i64;
+                let reply = match c % 3 {
+                    0 => client.post(&format!("/write/{seq}"), "").await,
+                    1 if seq % 4 == 0 => {
+                        touched += 1;
+                        client.get(&format!("/touch/{seq}")).await
+                    }
+                    _ => client.get("/read").await,
+                };
+                answered += 1;
+                match reply.status {
+                    StatusCode::CREATED => acknowledged.push(seq),
+                    StatusCode::OK => {}
+                    other => panic!("unexpected {other}: {}", reply.text()),
+                }
+            }
+            (answered, touched, acknowledged)
+        }));
+    }
+    poll_until("600 requests made", async || {
+        next.load(Ordering::SeqCst) >= 600
+    })
+    .await;
+    stop_tx.send(true).unwrap();
+    let mut acknowledged = Vec::new();
+    let (mut answered, mut touched) = (0, 0);
+    for c in clients {
+        let (n, t, mut acks) = tokio::time::timeout(Duration::from_secs(60), c)
+            .await
+            .expect("every client finishes: nothing deadlocked")
+            .unwrap();
+        answered += n;
+        touched += t;
+        acknowledged.append(&mut acks);
+    }
+    assert!(answered >= 600);
+    assert!(
+        touched > 0,
+        "some reads wrote, holding a read permit while they waited"
+    );
+    acknowledged.sort_unstable();
+    let rows: Vec<i64> = sqlx::query_scalar("SELECT seq FROM items ORDER BY seq")
+        .fetch_all(&*writes)
+        .await
+        .unwrap();
+    assert_eq!(
+        rows, acknowledged,
+        "every acknowledged write, once, and nothing else"
+    );
+}
