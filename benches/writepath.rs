@@ -28,7 +28,7 @@
 //! | `layer-write` | `SqliteRetryLayer` (default policy) and the write path (`WritePool`, its writer connection) |
 //! | `layer-write-shared` | the same with `writer_connection(false)`: writes take the pool's connections (the write path before it had a writer connection) |
 //! | `layer-write-group` | `layer-write` with group commit (`GroupCommit::default()`) |
-//! | `layer-write-no-read-limit` | `layer-write` with `RetryPolicy::read_limit(None)`: reads never held back while writers wait (the write path before the read limit) |
+//! | `layer-write-read-limit` | `layer-write` with `RetryPolicy::read_limit` at one read per core while writers wait |
 //!
 //! **Client**: a closed loop (like `wrk`) of `--connections` keep-alive HTTP/1.1 connections in
 //! this process, each sending its next request when the previous answer is read; `--warmup`
@@ -100,9 +100,9 @@ enum Config {
     LayerWriteShared,
     /// The write path with group commit (`GroupCommit::default()`).
     LayerWriteGroup,
-    /// `layer-write` with no read limit (`RetryPolicy::read_limit(None)`): reads are never
-    /// held back while writers wait (the write path before the read limit).
-    LayerWriteNoReadLimit,
+    /// `layer-write` with a read limit of one read per core while writers wait
+    /// (`RetryPolicy::read_limit`).
+    LayerWriteReadLimit,
 }
 
 impl Config {
@@ -115,7 +115,7 @@ impl Config {
             Config::LayerWrite => "layer-write",
             Config::LayerWriteShared => "layer-write-shared",
             Config::LayerWriteGroup => "layer-write-group",
-            Config::LayerWriteNoReadLimit => "layer-write-no-read-limit",
+            Config::LayerWriteReadLimit => "layer-write-read-limit",
         }
     }
 }
@@ -444,7 +444,7 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
                 read: open_pool(path, pool_size).await?,
                 write: open_pool(path, 1).await?,
             },
-            Config::LayerWrite | Config::LayerWriteNoReadLimit => {
+            Config::LayerWrite | Config::LayerWriteReadLimit => {
                 Db::Write(WritePool::new(open_pool(path, pool_size).await?))
             }
             Config::LayerWriteGroup => Db::Write(
@@ -472,11 +472,11 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
                 | Config::LayerWrite
                 | Config::LayerWriteShared
                 | Config::LayerWriteGroup
-                | Config::LayerWriteNoReadLimit
+                | Config::LayerWriteReadLimit
         ) {
             let mut policy = RetryPolicy::default();
-            if config == Config::LayerWriteNoReadLimit {
-                policy = policy.read_limit(None);
+            if config == Config::LayerWriteReadLimit {
+                policy = policy.read_limit(std::thread::available_parallelism().ok());
             }
             router = router.layer(SqliteRetryLayer::new(policy));
         }

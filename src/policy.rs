@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::num::NonZeroUsize;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tower::retry::budget::{Budget, TpsBudget};
@@ -74,7 +74,7 @@ pub enum Jitter {
 /// | `replay_gate` | 1 | replays (attempt ≥ 2) pass a shared semaphore one at a time: SQLite has one writer ([`no_replay_gate`](RetryPolicy::no_replay_gate) lifts it) |
 /// | `budget` | none | the replay gate already bounds how many replays run at once (see [`RetryPolicy::budget`]) |
 /// | `admission` | [`Admission::Adaptive`] | a route that fails retryably gets a learned limit on its attempts in flight; routes that never do are never queued |
-/// | `read_limit` | one per core | while writers wait for a write turn, at most this many `GET`/`HEAD` handlers run at once (see [`RetryPolicy::read_limit`]) |
+/// | `read_limit` | none | opt-in: while writers wait for a write turn, at most this many `GET`/`HEAD` handlers run at once (see [`RetryPolicy::read_limit`]) |
 /// | `read_wait` | 10 ms | the longest a read waits for the read limit before it runs anyway |
 /// | `replay_event_level` | DEBUG | the per-replay event; giving up is logged at WARN/ERROR whatever this says |
 ///
@@ -132,16 +132,10 @@ impl Default for RetryPolicy {
             budget: None,
             replay_event_level: tracing::Level::DEBUG,
             admission: Admission::Adaptive,
-            read_limit: Some(cores()),
+            read_limit: None,
             read_wait: Duration::from_millis(10),
         }
     }
-}
-
-/// The cores this process may run on (1 when unknown), asked once.
-fn cores() -> NonZeroUsize {
-    static CORES: OnceLock<NonZeroUsize> = OnceLock::new();
-    *CORES.get_or_init(|| std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN))
 }
 
 impl RetryPolicy {
@@ -381,16 +375,18 @@ impl RetryPolicy {
     }
 
     /// While writers wait for a write turn, at most this many read requests (`GET` and `HEAD`)
-    /// run their handlers at once under this layer; `None`: reads are never held back. The
-    /// default is one per core this process may run on.
+    /// run their handlers at once under this layer; `None` (the default): reads are never held
+    /// back.
     ///
     /// On SQLite with the [write path](crate::write), every write waits for the one
     /// transaction holding the database's turn, and that transaction's statements share the
-    /// CPU with every read in flight: with many readers each of its statements waits longer
-    /// for a core, and all the queued writers wait that much more. Measured with 64 writers
-    /// and 16 readers on two cores (`BENCHMARKS.md`), the write path served 7.3–7.7× the reads
-    /// of `BEGIN IMMEDIATE` without a limit but only 0.78–0.92× its writes; with one read per
-    /// core while writers wait, 0.86–1.01× the writes and 4.5–5.6× the reads.
+    /// CPU with every read in flight. Turn this on when reads crowd the writer out: writes
+    /// slow down as reads grow (the turn's held time, [`WriteStats`](crate::WriteStats),
+    /// grows with them). It trades reads for writes. Measured with 64 writers and 16 readers
+    /// on two cores (`BENCHMARKS.md`): one read per core took the writes from 0.96–0.98× to
+    /// 1.00–1.01× those of `BEGIN IMMEDIATE`, and the reads from 5.8–6.3× down to 3.9–4.0×.
+    /// Without the hand-over a commit now makes (the write path before it), the same limit
+    /// took the writes from 0.78–0.92× to 0.86–1.01×.
     ///
     /// - Reads are never held back while no writer waits: a read-mostly service is not
     ///   slowed, nor is any service without the write path (PostgreSQL, MySQL, a plain pool).
@@ -410,7 +406,7 @@ impl RetryPolicy {
     /// // four reads at a time while writers wait
     /// let policy = RetryPolicy::default().read_limit(NonZeroUsize::new(4));
     /// assert!(policy.validate().is_ok());
-    /// // reads never held back (for example on a layer whose `GET`s are long polls)
+    /// // reads never held back (the default)
     /// let policy = RetryPolicy::default().read_limit(None);
     /// ```
     pub fn read_limit(mut self, reads: Option<NonZeroUsize>) -> Self {

@@ -870,3 +870,37 @@ async fn a_store_keeps_its_pool_for_reads_and_a_write_pool_beside_it() {
     store.put("b").await.unwrap();
     assert_eq!(store.count().await, 4);
 }
+
+/// A commit hands the turn on before its task goes on: on a current-thread runtime (one queue,
+/// a deterministic order), when `commit()` returns to a writer that had another queued behind
+/// it, that writer has already taken the turn. Without the hand-over the committed task would
+/// run on first, and the next writer would still be waiting.
+#[tokio::test]
+async fn a_commit_lets_the_next_writer_take_the_turn_before_its_task_goes_on() {
+    let db = TestDb::new();
+    let writes = WritePool::new(pool(&db, 2, Duration::from_secs(5)).await);
+    let first = writes.begin().await.unwrap();
+    let next = {
+        let writes = writes.clone();
+        tokio::spawn(async move {
+            let tx = writes.begin().await.unwrap();
+            tx.commit().await.unwrap();
+        })
+    };
+    common::poll_until("the next writer waits", async || {
+        writes.stats().is_some_and(|s| s.waiting == 1)
+    })
+    .await;
+    first.commit().await.unwrap();
+    let now = writes.stats().unwrap();
+    assert_eq!(
+        now.waiting, 0,
+        "the next writer took the turn before commit() returned: {now:?}"
+    );
+    next.await.unwrap();
+    // Alone in line, a commit does not yield (nobody to hand over to): nothing waits, and the
+    // turn is free when it returns.
+    writes.begin().await.unwrap().commit().await.unwrap();
+    let after = writes.stats().unwrap();
+    assert!(!after.held && after.waiting == 0, "{after:?}");
+}

@@ -152,14 +152,20 @@
 //! # Readers beside the writer
 //!
 //! The transaction holding the turn is the one every queued writer waits for, and each of its
-//! statements waits for a core like any other work: with many reads in flight its section
-//! stretches, and every write with it. So while writers wait for a turn, the layer lets at most
-//! [`read_limit`](crate::RetryPolicy::read_limit) `GET`/`HEAD` handlers run at once (one per
-//! core by default); a read held back waits at most
-//! [`read_wait`](crate::RetryPolicy::read_wait) (10 ms) and then runs anyway, and while no
-//! writer waits reads are never held back. With 64 writers and 16 readers on two cores this
-//! kept 0.86–1.01× the writes of `BEGIN IMMEDIATE` with 4.5–5.6× its reads, against 0.78–0.92×
-//! and 7.3–7.7× without it (`BENCHMARKS.md`).
+//! statements waits for a core like any other work. Two things keep the writer's pace beside
+//! readers:
+//!
+//! - **The hand-over.** A `commit()` that leaves writers queued lets the next one run first (its
+//!   task is requeued once behind it) before its own handler goes on: the next writer takes the
+//!   turn and sends its `BEGIN` while the committed handler does its read after the commit or
+//!   writes its response. Before, the turn sat idle for 135–162 µs per transaction on average,
+//!   40–60 % of the time it was held. With 64 writers and 16 readers on two cores the write path
+//!   went from 0.78–0.92× the writes of `BEGIN IMMEDIATE` to 0.96–0.98×, with 5.8–6.3× its
+//!   reads; with writers only, to 1.19–1.22× (`BENCHMARKS.md`).
+//! - **The read limit**, opt-in: [`read_limit`](crate::RetryPolicy::read_limit) lets at most `n`
+//!   `GET`/`HEAD` handlers run while writers wait (a read held back waits at most
+//!   [`read_wait`](crate::RetryPolicy::read_wait), 10 ms, then runs anyway). It trades reads for
+//!   writes, for services whose reads crowd the writer out.
 //!
 //! # Watching the single writer
 //!

@@ -238,11 +238,17 @@ impl<D: Driver> Alone<D> {
                     request.fence();
                 }
                 let depth = D::depth(&held.conn);
+                let handed_on = held.turn.queue().counts().has_waiting();
                 self.end(true);
                 if depth != 0 {
                     return Err(D::invalid(format!(
                         "COMMIT left the connection at depth {depth}: it was closed"
                     )));
+                }
+                if handed_on {
+                    // The next writer was just woken: let it take the turn and send its
+                    // `BEGIN` before this task goes on with the handler.
+                    YieldOnce(false).await;
                 }
                 Ok(())
             }
@@ -305,6 +311,33 @@ impl<D: Driver> Drop for Alone<D> {
             }
         };
         finish(held);
+    }
+}
+
+/// Pending once, its task woken meanwhile: the task goes to the back of the runtime's run
+/// queue, so the task just woken by this one (the next writer, handed the turn) runs first.
+///
+/// NOTE: not `tokio::task::yield_now`, which defers the wake-up until the worker next parks or
+/// does its maintenance (up to dozens of tasks later). A task woken while it is polled is
+/// requeued behind the others once its poll returns; the writer it woke sits in the worker's
+/// next-task slot. Without this, the committed handler's own next step (its read after the
+/// commit, its response) ran first, and each of those wakes a thread: on a busy machine the
+/// next writer took the turn 135–162 µs after it was free, on average (`BENCHMARKS.md`).
+struct YieldOnce(bool);
+
+impl Future for YieldOnce {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
     }
 }
 
