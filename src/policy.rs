@@ -417,15 +417,19 @@ impl RetryPolicy {
     /// The longest a read held back by the [read limit](Self::read_limit) waits (10 ms by
     /// default): past it, it runs without a permit. The limit shares the CPU out while writers
     /// queue; it never starves a read, and reads that keep their permit long (a long poll, a
-    /// slow report) hold the others back at most this long. Zero is refused
-    /// ([`validate`](Self::validate)): use `read_limit(None)` for no limit.
+    /// slow report) hold the others back at most this long. Zero with a read limit set is
+    /// refused ([`validate`](Self::validate)): use `read_limit(None)` for no limit.
     ///
     /// ```
+    /// # use std::num::NonZeroUsize;
     /// # use std::time::Duration;
     /// # use tower_sqlite_retry::RetryPolicy;
-    /// let policy = RetryPolicy::default().read_wait(Duration::from_millis(5));
+    /// let policy = RetryPolicy::default()
+    ///     .read_limit(NonZeroUsize::new(2))
+    ///     .read_wait(Duration::from_millis(5));
     /// assert!(policy.validate().is_ok());
-    /// assert!(RetryPolicy::default().read_wait(Duration::ZERO).validate().is_err());
+    /// let zero = policy.read_wait(Duration::ZERO).validate().unwrap_err();
+    /// assert!(zero.to_string().contains("read_wait"));
     /// ```
     pub fn read_wait(mut self, most: Duration) -> Self {
         self.read_wait = most;
