@@ -79,14 +79,24 @@ async fn read(State(app): State<App>) -> Result<String, DbError> {
     Ok(count.to_string())
 }
 
-/// One write transaction through the write path.
-async fn write(State(app): State<App>, Path(seq): Path<i64>) -> Result<StatusCode, DbError> {
-    let mut tx = app.writes.begin().await?;
+/// One write transaction through the write path: the row `seq`.
+async fn insert(writes: &WritePool, seq: i64) -> Result<(), sqlx::Error> {
+    let mut tx = writes.begin().await?;
     sqlx::query("INSERT INTO items (seq, name) VALUES (?, 'w')")
         .bind(seq)
         .execute(&mut *tx)
         .await?;
-    tx.commit().await?;
+    tx.commit().await
+}
+
+async fn write(State(app): State<App>, Path(seq): Path<i64>) -> Result<StatusCode, DbError> {
+    insert(&app.writes, seq).await?;
+    Ok(StatusCode::CREATED)
+}
+
+/// The storm's write, on a `WritePool` state.
+async fn store(State(w): State<WritePool>, Path(seq): Path<i64>) -> Result<StatusCode, DbError> {
+    insert(&w, seq).await?;
     Ok(StatusCode::CREATED)
 }
 
@@ -107,15 +117,8 @@ async fn waiting_writer(
 ) {
     let held = app.writes.begin().await.expect("begin");
     let writes = app.writes.clone();
-    let writer = tokio::spawn(async move {
-        let mut tx = writes.begin().await.expect("the writer's turn");
-        sqlx::query("INSERT INTO items (seq, name) VALUES (?, 'w')")
-            .bind(seq)
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        tx.commit().await.unwrap();
-    });
+    let writer =
+        tokio::spawn(async move { insert(&writes, seq).await.expect("the writer's turn") });
     poll_until("a writer waits for the turn", async || {
         app.writes.stats().is_some_and(|s| s.waiting == 1)
     })
@@ -321,38 +324,8 @@ async fn a_storm_of_reads_and_writes_under_the_smallest_limit_loses_nothing() {
                 },
             ),
         )
-        .route(
-            "/touch/{seq}",
-            get(
-                async |State(w): State<WritePool>,
-                       Path(seq): Path<i64>|
-                       -> Result<StatusCode, DbError> {
-                    let mut tx = w.begin().await?;
-                    sqlx::query("INSERT INTO items (seq, name) VALUES (?, 'g')")
-                        .bind(seq)
-                        .execute(&mut *tx)
-                        .await?;
-                    tx.commit().await?;
-                    Ok(StatusCode::CREATED)
-                },
-            ),
-        )
-        .route(
-            "/write/{seq}",
-            post(
-                async |State(w): State<WritePool>,
-                       Path(seq): Path<i64>|
-                       -> Result<StatusCode, DbError> {
-                    let mut tx = w.begin().await?;
-                    sqlx::query("INSERT INTO items (seq, name) VALUES (?, 'w')")
-                        .bind(seq)
-                        .execute(&mut *tx)
-                        .await?;
-                    tx.commit().await?;
-                    Ok(StatusCode::CREATED)
-                },
-            ),
-        )
+        .route("/touch/{seq}", get(store))
+        .route("/write/{seq}", post(store))
         .layer(SqliteRetryLayer::new(limit(1).read_wait(HOUR)))
         .with_state(writes.clone());
     let server = serve(router).await;
