@@ -45,7 +45,7 @@ use http::request::Parts;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body::Body;
 use pin_project_lite::pin_project;
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 use tracing::Span;
@@ -75,6 +75,25 @@ const SHORT_BACKOFF_ATTEMPTS: u32 = 16;
 /// The wait for a permit: the replay gate's, or the read limit's (`None`: the read waited the
 /// policy's `read_wait` and goes ahead without one).
 type GateAcquire = Pin<Box<dyn Future<Output = Option<OwnedSemaphorePermit>> + Send + 'static>>;
+
+/// A permit of `semaphore` at once, or the wait for one, given up after `most` (if any).
+fn permit_or_wait(
+    semaphore: &Arc<Semaphore>,
+    most: Option<Duration>,
+) -> Result<OwnedSemaphorePermit, GateAcquire> {
+    if let Ok(permit) = semaphore.clone().try_acquire_owned() {
+        return Ok(permit);
+    }
+    let semaphore = semaphore.clone();
+    Err(Box::pin(async move {
+        let acquire = semaphore.acquire_owned();
+        let permit = match most {
+            Some(most) => tokio::time::timeout(most, acquire).await.ok()?,
+            None => acquire.await,
+        };
+        Some(permit.expect("the layer's semaphores are never closed"))
+    }))
+}
 type AdmitAcquire = Pin<Box<dyn Future<Output = Admitted> + Send + 'static>>;
 
 pin_project! {
@@ -501,51 +520,29 @@ where
                 }
             }
         }
-        if self.attempt > 0
+        // The replay gate (replays only), or the read limit (a read while writers wait).
+        let wait = if self.attempt > 0
             && pending.permit.is_none()
             && let Some(gate) = &self.shared.gate
         {
-            pending.add(Duration::ZERO);
-            match gate.clone().try_acquire_owned() {
-                Ok(permit) => pending.permit = Some(permit),
-                Err(_) => {
-                    let gate = gate.clone();
-                    let acquire: GateAcquire = Box::pin(async move {
-                        Some(
-                            gate.acquire_owned()
-                                .await
-                                .expect("the gate is never closed"),
-                        )
-                    });
-                    self.span();
-                    return Next::To(State::Gate {
-                        acquire,
-                        since: Instant::now(),
-                        pending,
-                    });
-                }
-            }
-        }
-        if pending.permit.is_none()
+            Some((gate, None))
+        } else if pending.permit.is_none()
             && !pending.read_checked
             && let Some(reads) = &self.shared.reads
             && self.request.outer().is_none()
             && matches!(self.request.route().method, Method::GET | Method::HEAD)
             && crate::write::writers_waiting()
         {
-            pending.add(Duration::ZERO);
             pending.read_checked = true;
-            match reads.clone().try_acquire_owned() {
+            Some((reads, Some(self.shared.policy.read_wait)))
+        } else {
+            None
+        };
+        if let Some((semaphore, most)) = wait {
+            pending.add(Duration::ZERO);
+            match permit_or_wait(semaphore, most) {
                 Ok(permit) => pending.permit = Some(permit),
-                Err(_) => {
-                    let (reads, most) = (reads.clone(), self.shared.policy.read_wait);
-                    let acquire: GateAcquire = Box::pin(async move {
-                        let permit = tokio::time::timeout(most, reads.acquire_owned());
-                        permit
-                            .await
-                            .ok()
-                            .map(|p| p.expect("the read limit is never closed"))
-                    });
+                Err(acquire) => {
                     self.span();
                     return Next::To(State::Gate {
                         acquire,

@@ -207,20 +207,22 @@ fn address(request: &Arc<RequestState>) -> usize {
     allow(dead_code, reason = "the classifiers ask it")
 )]
 pub(crate) fn held_by(request: &Arc<RequestState>) -> bool {
-    queues()
-        .values()
-        .filter_map(Weak::upgrade)
-        .any(|queue| queue.is_held_by(Some(request)))
+    any_queue(|queue| queue.is_held_by(Some(request)))
 }
 
 /// Whether a writer waits for a write turn (or in a group-commit line) of any database in this
 /// process now: what the layer's read limit asks before a read runs. Walks the registry (one
 /// lock, a handful of queues); the queues' counts say it, nothing else keeps it.
 pub(crate) fn writers_waiting() -> bool {
+    any_queue(|queue| queue.counts.has_waiting())
+}
+
+/// Whether `test` holds for a live queue of the registry.
+fn any_queue(test: impl Fn(&Queue) -> bool) -> bool {
     queues()
         .values()
         .filter_map(Weak::upgrade)
-        .any(|queue| queue.counts.has_waiting())
+        .any(|queue| test(&queue))
 }
 
 impl fmt::Debug for Queue {
