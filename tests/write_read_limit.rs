@@ -126,6 +126,32 @@ async fn waiting_writer(
     (held, writer)
 }
 
+/// One test's database, application and server; the file's tests take turns ([`serial`]).
+/// Fields drop in order: the application (its pools) before the file, the turn last.
+struct Case {
+    app: App,
+    client: HttpClient,
+    _server: common::Server,
+    _db: TestDb,
+    _serial: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl Case {
+    async fn new(policy: RetryPolicy) -> Self {
+        let serial = serial().await;
+        let db = TestDb::new();
+        let app = App::new(&db).await;
+        let server = serve(app.router(policy)).await;
+        Self {
+            client: HttpClient::new(server.addr),
+            app,
+            _server: server,
+            _db: db,
+            _serial: serial,
+        }
+    }
+}
+
 fn spawn_get(client: &HttpClient, path: &str) -> tokio::task::JoinHandle<common::Reply> {
     let client = client.clone();
     let path = path.to_owned();
@@ -134,11 +160,8 @@ fn spawn_get(client: &HttpClient, path: &str) -> tokio::task::JoinHandle<common:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_a_writer_waits_reads_run_at_most_the_limit_at_once() {
-    let _serial = serial().await;
-    let db = TestDb::new();
-    let app = App::new(&db).await;
-    let server = serve(app.router(limit(2).read_wait(HOUR))).await;
-    let client = HttpClient::new(server.addr);
+    let case = Case::new(limit(2).read_wait(HOUR)).await;
+    let (app, client) = (&case.app, &case.client);
     let (held, writer) = waiting_writer(&app, 1).await;
 
     let reads: Vec<_> = (0..3).map(|_| spawn_get(&client, "/read")).collect();
@@ -163,11 +186,8 @@ async fn while_a_writer_waits_reads_run_at_most_the_limit_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_no_writer_waits_reads_are_never_held_back() {
-    let _serial = serial().await;
-    let db = TestDb::new();
-    let app = App::new(&db).await;
-    let server = serve(app.router(limit(1).read_wait(HOUR))).await;
-    let client = HttpClient::new(server.addr);
+    let case = Case::new(limit(1).read_wait(HOUR)).await;
+    let (app, client) = (&case.app, &case.client);
     // The turn held, nobody waiting for it: not a reason to hold reads back.
     let held = app.writes.begin().await.unwrap();
 
@@ -182,11 +202,8 @@ async fn while_no_writer_waits_reads_are_never_held_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_held_back_runs_anyway_after_read_wait() {
-    let _serial = serial().await;
-    let db = TestDb::new();
-    let app = App::new(&db).await;
-    let server = serve(app.router(limit(1).read_wait(Duration::from_millis(50)))).await;
-    let client = HttpClient::new(server.addr);
+    let case = Case::new(limit(1).read_wait(Duration::from_millis(50))).await;
+    let (app, client) = (&case.app, &case.client);
     let (held, writer) = waiting_writer(&app, 1).await;
 
     // The first read keeps the only permit until the test lets it go (a long poll).
@@ -208,11 +225,8 @@ async fn a_read_held_back_runs_anyway_after_read_wait() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_methods_are_never_held_back() {
-    let _serial = serial().await;
-    let db = TestDb::new();
-    let app = App::new(&db).await;
-    let server = serve(app.router(limit(1).read_wait(HOUR))).await;
-    let client = HttpClient::new(server.addr);
+    let case = Case::new(limit(1).read_wait(HOUR)).await;
+    let (app, client) = (&case.app, &case.client);
     let (held, writer) = waiting_writer(&app, 1).await;
 
     let get = spawn_get(&client, "/read");
@@ -232,11 +246,8 @@ async fn other_methods_are_never_held_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_no_read_limit_reads_run_freely_while_writers_wait() {
-    let _serial = serial().await;
-    let db = TestDb::new();
-    let app = App::new(&db).await;
-    let server = serve(app.router(RetryPolicy::default().read_limit(None))).await;
-    let client = HttpClient::new(server.addr);
+    let case = Case::new(RetryPolicy::default().read_limit(None)).await;
+    let (app, client) = (&case.app, &case.client);
     let (held, writer) = waiting_writer(&app, 1).await;
 
     let reads: Vec<_> = (0..4).map(|_| spawn_get(&client, "/read")).collect();
@@ -279,14 +290,11 @@ async fn nested_layers_take_one_permit_per_read() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_held_back_past_its_deadline_is_answered_503() {
-    let _serial = serial().await;
-    let db = TestDb::new();
-    let app = App::new(&db).await;
     let policy = limit(1)
         .read_wait(HOUR)
         .deadline(Duration::from_millis(200));
-    let server = serve(app.router(policy)).await;
-    let client = HttpClient::new(server.addr);
+    let case = Case::new(policy).await;
+    let (app, client) = (&case.app, &case.client);
     let (held, writer) = waiting_writer(&app, 1).await;
 
     let first = spawn_get(&client, "/read");
