@@ -162,9 +162,9 @@ fn spawn_get(client: &HttpClient, path: &str) -> tokio::task::JoinHandle<common:
 async fn while_a_writer_waits_reads_run_at_most_the_limit_at_once() {
     let case = Case::new(limit(2).read_wait(HOUR)).await;
     let (app, client) = (&case.app, &case.client);
-    let (held, writer) = waiting_writer(&app, 1).await;
+    let (held, writer) = waiting_writer(app, 1).await;
 
-    let reads: Vec<_> = (0..3).map(|_| spawn_get(&client, "/read")).collect();
+    let reads: Vec<_> = (0..3).map(|_| spawn_get(client, "/read")).collect();
     poll_until("two reads in", async || app.entered() == 2).await;
     // The third is held back: it gets in only when one of the two answers. (Its `read_wait`
     // is an hour: it cannot get in any other way.)
@@ -191,7 +191,7 @@ async fn while_no_writer_waits_reads_are_never_held_back() {
     // The turn held, nobody waiting for it: not a reason to hold reads back.
     let held = app.writes.begin().await.unwrap();
 
-    let reads: Vec<_> = (0..3).map(|_| spawn_get(&client, "/read")).collect();
+    let reads: Vec<_> = (0..3).map(|_| spawn_get(client, "/read")).collect();
     poll_until("all three reads in at once", async || app.entered() == 3).await;
     app.release.add_permits(3);
     for read in reads {
@@ -204,13 +204,13 @@ async fn while_no_writer_waits_reads_are_never_held_back() {
 async fn a_read_held_back_runs_anyway_after_read_wait() {
     let case = Case::new(limit(1).read_wait(Duration::from_millis(50))).await;
     let (app, client) = (&case.app, &case.client);
-    let (held, writer) = waiting_writer(&app, 1).await;
+    let (held, writer) = waiting_writer(app, 1).await;
 
     // The first read keeps the only permit until the test lets it go (a long poll).
-    let first = spawn_get(&client, "/read");
+    let first = spawn_get(client, "/read");
     poll_until("the first read in", async || app.entered() == 1).await;
     // The second is held back, then gets in without a permit while the first is still in.
-    let second = spawn_get(&client, "/read");
+    let second = spawn_get(client, "/read");
     poll_until("the second read in beside the first", async || {
         app.entered() == 2
     })
@@ -227,9 +227,9 @@ async fn a_read_held_back_runs_anyway_after_read_wait() {
 async fn other_methods_are_never_held_back() {
     let case = Case::new(limit(1).read_wait(HOUR)).await;
     let (app, client) = (&case.app, &case.client);
-    let (held, writer) = waiting_writer(&app, 1).await;
+    let (held, writer) = waiting_writer(app, 1).await;
 
-    let get = spawn_get(&client, "/read");
+    let get = spawn_get(client, "/read");
     poll_until("the read in", async || app.entered() == 1).await;
     // A `POST` (even one that only reads) is not a read for the limit.
     let post = {
@@ -248,9 +248,9 @@ async fn other_methods_are_never_held_back() {
 async fn with_no_read_limit_reads_run_freely_while_writers_wait() {
     let case = Case::new(RetryPolicy::default().read_limit(None)).await;
     let (app, client) = (&case.app, &case.client);
-    let (held, writer) = waiting_writer(&app, 1).await;
+    let (held, writer) = waiting_writer(app, 1).await;
 
-    let reads: Vec<_> = (0..4).map(|_| spawn_get(&client, "/read")).collect();
+    let reads: Vec<_> = (0..4).map(|_| spawn_get(client, "/read")).collect();
     poll_until("all four reads in", async || app.entered() == 4).await;
     app.release.add_permits(4);
     for read in reads {
@@ -295,9 +295,9 @@ async fn a_read_held_back_past_its_deadline_is_answered_503() {
         .deadline(Duration::from_millis(200));
     let case = Case::new(policy).await;
     let (app, client) = (&case.app, &case.client);
-    let (held, writer) = waiting_writer(&app, 1).await;
+    let (held, writer) = waiting_writer(app, 1).await;
 
-    let first = spawn_get(&client, "/read");
+    let first = spawn_get(client, "/read");
     poll_until("the first read in", async || app.entered() == 1).await;
     let second = tokio::time::timeout(Duration::from_secs(20), client.get("/read"))
         .await
