@@ -25,10 +25,11 @@
 //! | `immediate` | no layer, `begin_with("BEGIN IMMEDIATE")`: **the reference** |
 //! | `two-pool` | no layer, `BEGIN IMMEDIATE` on a writer pool of 1, reads on the pool |
 //! | `layer` | `SqliteRetryLayer` (default policy), the handler unchanged (deferred) |
-//! | `layer-write` | `SqliteRetryLayer` (default policy) and the write path (`WritePool`, its writer connection) |
+//! | `layer-write` | `SqliteRetryLayer` (default policy) and the write path (`WritePool`, its writer connection) without group commit (`group_commit(None)`) |
 //! | `layer-write-shared` | the same with `writer_connection(false)`: writes take the pool's connections (the write path before it had a writer connection) |
-//! | `layer-write-group` | `layer-write` with group commit (`GroupCommit::default()`) |
-//! | `layer-write-read-limit` | `layer-write` with `RetryPolicy::read_limit` at one read per core while writers wait |
+//! | `layer-write-group` | the write path as `WritePool::new` makes it: group commit on (the default) |
+//! | `layer-write-read-limit` | `layer-write` (no groups) with `RetryPolicy::read_limit` at one read per core while writers wait |
+//! | `layer-write-group-read-limit` | `layer-write-group` with the same read limit |
 //!
 //! **Client**: a closed loop (like `wrk`) of `--connections` keep-alive HTTP/1.1 connections in
 //! this process, each sending its next request when the previous answer is read; `--warmup`
@@ -103,6 +104,8 @@ enum Config {
     /// `layer-write` with a read limit of one read per core while writers wait
     /// (`RetryPolicy::read_limit`).
     LayerWriteReadLimit,
+    /// `layer-write-group` with the read limit.
+    LayerWriteGroupReadLimit,
 }
 
 impl Config {
@@ -116,6 +119,7 @@ impl Config {
             Config::LayerWriteShared => "layer-write-shared",
             Config::LayerWriteGroup => "layer-write-group",
             Config::LayerWriteReadLimit => "layer-write-read-limit",
+            Config::LayerWriteGroupReadLimit => "layer-write-group-read-limit",
         }
     }
 }
@@ -430,7 +434,17 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
     }
     let rt = builder.enable_all().build().expect("runtime");
     let turn_stats = args.turn_stats.clone();
+    // As production runs: an INFO `fmt()` subscriber (to the server's log).
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(std::io::stderr)
+        .try_init();
+    let seed_count = args.seed;
     let served = rt.block_on(async move {
+        // A server started on its own (`benches/scripts/wrk-group.sh`) seeds its file.
+        if !path.exists() {
+            seed(path, seed_count).await?;
+        }
         let db = match config {
             Config::Deferred | Config::Layer => Db::Plain {
                 pool: open_pool(path, pool_size).await?,
@@ -445,14 +459,16 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
                 write: open_pool(path, 1).await?,
             },
             Config::LayerWrite | Config::LayerWriteReadLimit => {
-                Db::Write(WritePool::new(open_pool(path, pool_size).await?))
+                Db::Write(WritePool::new(open_pool(path, pool_size).await?).group_commit(None))
             }
-            Config::LayerWriteGroup => Db::Write(
+            Config::LayerWriteGroup | Config::LayerWriteGroupReadLimit => Db::Write(
                 WritePool::new(open_pool(path, pool_size).await?)
                     .group_commit(Some(GroupCommit::default())),
             ),
             Config::LayerWriteShared => Db::Write(
-                WritePool::new(open_pool(path, pool_size).await?).writer_connection(false),
+                WritePool::new(open_pool(path, pool_size).await?)
+                    .writer_connection(false)
+                    .group_commit(None),
             ),
         };
         let writes = match &db {
@@ -473,9 +489,13 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
                 | Config::LayerWriteShared
                 | Config::LayerWriteGroup
                 | Config::LayerWriteReadLimit
+                | Config::LayerWriteGroupReadLimit
         ) {
             let mut policy = RetryPolicy::default();
-            if config == Config::LayerWriteReadLimit {
+            if matches!(
+                config,
+                Config::LayerWriteReadLimit | Config::LayerWriteGroupReadLimit
+            ) {
                 policy = policy.read_limit(std::thread::available_parallelism().ok());
             }
             router = router.layer(SqliteRetryLayer::new(policy));
@@ -499,11 +519,13 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
                 .open(file)?;
             writeln!(
                 out,
-                "{} transactions {} held {:.3} s mean {:.1} us",
+                "{} transactions {} held {:.3} s mean {:.1} us syncs {} synced {}",
                 config.key(),
                 stats.transactions,
                 stats.busy.as_secs_f64(),
-                mean * 1e6
+                mean * 1e6,
+                stats.syncs,
+                stats.synced
             )?;
         }
         Ok::<(), BoxError>(())

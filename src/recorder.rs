@@ -19,8 +19,8 @@
 //! | `tower_sqlite_retry_write_wait_seconds` | histogram | seconds | `http_route`, `http_request_method` | the write path: time a write transaction waited for its database's turn (0 when it was free) |
 //! | `tower_sqlite_retry_write_held_seconds` | histogram | seconds | `http_route`, `http_request_method`, `database` | the write path: time a write transaction held its database's turn, from `BEGIN` to the turn going on (its commit or rollback included); the rate of its sum, by `database`, is the single writer's **utilization** |
 //! | `tower_sqlite_retry_write_waiting` | gauge | count | `database` | the write path: write transactions waiting for their database's turn now (the queue's length) |
-//! | `tower_sqlite_retry_write_group_members` | histogram | count | `database` | group commit: write transactions per group (1: committed alone) |
-//! | `tower_sqlite_retry_write_group_held_seconds` | histogram | seconds | `database` | group commit: time a group held the write lock, from its `BEGIN IMMEDIATE` to its `COMMIT` |
+//! | `tower_sqlite_retry_write_group_members` | histogram | count | `database` | group commit: write transactions made durable by one shared fsync of the WAL |
+//! | `tower_sqlite_retry_write_group_held_seconds` | histogram | seconds | `database` | group commit: time one shared fsync of the WAL took (outside the write lock) |
 //!
 //! ¹ only when the request ended on a retryable error the layer did not (or could no longer)
 //! replay: outcomes `exhausted`, `deadline`, `budget_exhausted`, `not_replayable`, `fenced`.
@@ -198,14 +198,14 @@ pub const WRITE_WAIT: &str = "tower_sqlite_retry_write_wait_seconds";
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const WRITE_HELD: &str = "tower_sqlite_retry_write_held_seconds";
 
-/// Histogram: write transactions per group commit (`WritePool::group_commit`). Label
-/// `database`.
+/// Histogram: write transactions made durable by one shared fsync of the WAL (group commit,
+/// `WritePool::group_commit`). Label `database`.
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const WRITE_GROUP_MEMBERS: &str = "tower_sqlite_retry_write_group_members";
 
-/// Histogram: seconds a group commit held the write lock, from its `BEGIN IMMEDIATE` to its
-/// `COMMIT`. Label `database`.
+/// Histogram: seconds one shared fsync of the WAL took (group commit; outside the write lock).
+/// Label `database`.
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const WRITE_GROUP_HELD: &str = "tower_sqlite_retry_write_group_held_seconds";
@@ -304,12 +304,12 @@ mod emit {
             metrics::describe_histogram!(
                 WRITE_GROUP_MEMBERS,
                 Unit::Count,
-                "Write transactions per group commit."
+                "Write transactions made durable by one shared fsync of the WAL (group commit)."
             );
             metrics::describe_histogram!(
                 WRITE_GROUP_HELD,
                 Unit::Seconds,
-                "Time a group commit held the write lock, from BEGIN IMMEDIATE to COMMIT."
+                "Time one shared fsync of the WAL took (group commit)."
             );
             metrics::describe_gauge!(
                 WRITE_WAITING,
@@ -506,7 +506,7 @@ pub(crate) fn write_waiting(database: &std::sync::Arc<str>, delta: i8) {
     let _ = (database, delta);
 }
 
-/// A group commit ended: `members` write transactions, the write lock held `held`.
+/// Group commit ran an fsync of the WAL for `members` write transactions; it took `held`.
 #[inline]
 pub(crate) fn write_group(database: &std::sync::Arc<str>, members: usize, held: Duration) {
     #[cfg(feature = "metrics")]

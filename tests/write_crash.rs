@@ -109,7 +109,7 @@ fn crash_child() {
         let router = match config.as_str() {
             "write-path" => router
                 .layer(SqliteRetryLayer::new(RetryPolicy::default()))
-                .with_state(Writes::Path(WritePool::new(pool))),
+                .with_state(Writes::Path(WritePool::new(pool).group_commit(None))),
             "write-path-group" => router
                 .layer(SqliteRetryLayer::new(RetryPolicy::default()))
                 .with_state(Writes::Path(

@@ -1,5 +1,5 @@
 //! A model check of the write path with `shuttle`: the crate's own `src/write/turn.rs`,
-//! `pool.rs`, `transaction.rs` and `driver.rs`, included as they are, over a driver that
+//! `pool.rs`, `transaction.rs`, `group.rs`, `gate.rs` and `driver.rs`, included as they are, over a driver that
 //! models sqlx's SQLite worker (`Model` below), under thousands of schedules chosen at random
 //! and by PCT.
 //!
@@ -13,8 +13,9 @@
 //! (`BEGIN IMMEDIATE` on a locked database fails at once, as with a busy timeout of 0).
 //!
 //! Each schedule runs three requests at once on one `WritePool` (its own writer connection or
-//! the pool's, chosen per schedule; with its own, group commit on in half the schedules, with
-//! groups of at most one to three members), each a script chosen at random: commit; commit after a
+//! the pool's, chosen per schedule; with its own, group commit on in half the schedules, its
+//! shared fsync modelled as a task that makes durable what was committed when it started),
+//! each a script chosen at random: commit; commit after a
 //! dropped savepoint; return early; roll back; begin a second transaction after dropping the
 //! first; begin a second while the first is open; and **cancel** the `begin`, the `commit` or
 //! the `rollback` after 0 to 4 polls (at every await they have, the commit's hand-over to the
@@ -27,10 +28,11 @@
 //!   a cancelled commit's rows are there only if its request was fenced;
 //! - a second `begin` after a dropped transaction begins; one while a transaction is open
 //!   fails at once with `invalid`;
-//! - with groups: a member's `commit()` is `Ok` only with its row in the file, a member rolled
-//!   back or dropped leaves none, a member cancelled while it waits for its group is fenced
-//!   if the group committed it, and no member or group is ever left without an outcome
-//!   (shuttle fails a schedule in which every task waits);
+//! - a `commit()` is `Ok` only once its row is durable at that moment (its own `COMMIT` at
+//!   `FULL`, or, with group commit, a shared fsync that started after its `COMMIT`); a commit
+//!   cancelled while it waits for the fsync is fenced; one fsync in eight fails, and its
+//!   waiters' `commit()`s fail, their rows committed and fenced, never `Ok`; no transaction
+//!   is ever left waiting (shuttle fails a schedule in which every task waits);
 //! - afterwards, the next transaction (a savepoint dropped in it, then a row) commits with
 //!   exactly its row, every connection left is at depth 0 with nothing armed, and the
 //!   database's lock is free.
@@ -167,6 +169,8 @@ mod classify {
 mod driver;
 #[path = "../src/write/failed.rs"]
 mod failed;
+#[path = "../src/write/gate.rs"]
+mod gate;
 #[path = "../src/write/group.rs"]
 mod group;
 #[path = "../src/write/pool.rs"]
@@ -196,7 +200,7 @@ enum ModelError {
     TimedOut,
     Closed,
     Invalid(String),
-    /// A group commit's member, told its group failed.
+    /// Group commit's fsync failed.
     Group(String),
 }
 
@@ -204,6 +208,11 @@ enum ModelError {
 struct Db {
     id: usize,
     committed: Mutex<BTreeSet<u32>>,
+    /// What an fsync made durable: the rows committed when it started (or when a `COMMIT` at
+    /// `FULL` returned).
+    durable: Mutex<BTreeSet<u32>>,
+    /// Rows whose `commit()` returned `Ok` before they were durable.
+    acknowledged_early: Mutex<Vec<u32>>,
     /// The connection holding the write lock.
     lock: Mutex<Option<usize>>,
     /// `BEGIN IMMEDIATE`s that met the lock.
@@ -238,6 +247,8 @@ enum Command {
     Rollback(Option<oneshot::Sender<Answer>>),
     Insert(u32, oneshot::Sender<()>),
     Ping(oneshot::Sender<()>),
+    /// `PRAGMA synchronous`: `true` for `FULL` (a `COMMIT` is durable when it returns).
+    Synchronous(bool, oneshot::Sender<()>),
 }
 
 /// A connection: the sending end of its worker's commands.
@@ -284,6 +295,8 @@ fn rendezvous(answer: oneshot::Sender<Answer>, value: Result<(), ModelError>) ->
 fn worker(db: Arc<Db>, state: Arc<ConnState>, commands: shuttle::sync::mpsc::Receiver<Command>) {
     let mut levels: Vec<Vec<u32>> = Vec::new();
     let mut ignore_next_start_rollback = false;
+    // A connection opens at `FULL`, sqlx's default.
+    let mut full = true;
     let unlock = |db: &Db| {
         let mut lock = db.lock.lock().unwrap();
         if *lock == Some(state.id) {
@@ -326,7 +339,13 @@ fn worker(db: Arc<Db>, state: Arc<ConnState>, commands: shuttle::sync::mpsc::Rec
                     0 => {}
                     1 => {
                         let rows = levels.pop().unwrap();
-                        db.committed.lock().unwrap().extend(rows);
+                        let mut committed = db.committed.lock().unwrap();
+                        committed.extend(rows);
+                        if full {
+                            // The COMMIT's fsync: everything in the WAL so far is durable.
+                            db.durable.lock().unwrap().extend(committed.iter().copied());
+                        }
+                        drop(committed);
                         unlock(&db);
                     }
                     _ => {
@@ -363,6 +382,10 @@ fn worker(db: Arc<Db>, state: Arc<ConnState>, commands: shuttle::sync::mpsc::Rec
                 let _ = done.send(());
             }
             Command::Ping(done) => {
+                let _ = done.send(());
+            }
+            Command::Synchronous(level, done) => {
+                full = level;
                 let _ = done.send(());
             }
         }
@@ -468,13 +491,31 @@ impl Driver for Model {
         })
     }
 
-    fn begin_savepoint(
-        conn: &mut Conn,
-    ) -> impl Future<Output = Result<(), ModelError>> + Send + '_ {
-        acknowledged(conn, |answer| Command::Begin {
-            immediate: false,
-            answer,
-        })
+    async fn durability(_: &mut Conn) -> Result<(bool, u8), ModelError> {
+        // WAL at `FULL`: group commit shares the fsync.
+        Ok((true, 2))
+    }
+
+    async fn set_synchronous(conn: &mut Conn, level: u8) -> Result<(), ModelError> {
+        // Set on the worker, in order with the commands before and after it.
+        let (done, finished) = oneshot::channel();
+        conn.commands
+            .send(Command::Synchronous(level >= 2, done))
+            .map_err(|_| ModelError::WorkerCrashed)?;
+        finished.await.map_err(|_| ModelError::WorkerCrashed)
+    }
+
+    async fn sync_file(_: PathBuf) -> std::io::Result<()> {
+        let db = CURRENT.with(|current| current.borrow().clone().expect("a schedule runs"));
+        let snapshot = db.committed.lock().unwrap().clone();
+        // The fsync takes time: others commit meanwhile, and are not made durable by it.
+        shuttle::future::yield_now().await;
+        // One in eight fails (an I/O error): nothing made durable, the waiters told so.
+        if thread_rng().gen_ratio(1, 8) {
+            return Err(std::io::Error::other("the model's fsync failed"));
+        }
+        db.durable.lock().unwrap().extend(snapshot);
+        Ok(())
     }
 
     fn commit(conn: &mut Conn) -> impl Future<Output = Result<(), ModelError>> + Send + '_ {
@@ -662,6 +703,34 @@ enum Fate {
     Unknown,
     /// Either way (released into a transaction that committed, or not).
     Either,
+    /// `commit()` failed because the shared fsync did: committed (and fenced), not known to be
+    /// durable.
+    Unsynced,
+}
+
+/// Notes a row whose `commit()` just returned `Ok`: it must be durable now (its own `COMMIT`
+/// at `FULL`, or a shared fsync that completed), not only by the end of the schedule, when a
+/// later commit's fsync would have made it so anyway.
+fn acknowledged_row(row: u32) {
+    CURRENT.with(|current| {
+        let db = current.borrow().clone().expect("a schedule runs");
+        if !db.durable.lock().unwrap().contains(&row) {
+            db.acknowledged_early.lock().unwrap().push(row);
+        }
+    });
+}
+
+/// A `commit()`'s result, for a row that must commit: `Ok` (durable now), or the shared fsync
+/// failed (committed, not known durable: either way in the file, never `Gone`).
+fn must_commit(result: Result<(), ModelError>, row: u32) -> Fate {
+    match result {
+        Ok(()) => {
+            acknowledged_row(row);
+            Fate::Committed
+        }
+        Err(ModelError::Group(_)) => Fate::Unsynced,
+        Err(error) => panic!("commit: {error:?}"),
+    }
 }
 
 async fn begin(writes: &WritePool<Model>) -> Transaction<Model> {
@@ -676,10 +745,14 @@ async fn run(script: Script, writes: &WritePool<Model>, r: u32) -> Vec<(u32, Fat
         Script::Commit => {
             let mut tx = begin(writes).await;
             insert(&mut tx, row(0)).await;
-            let fate = if tx.commit().await.is_ok() {
-                Fate::Committed
-            } else {
-                Fate::Gone
+            let fate = match tx.commit().await {
+                Ok(()) => {
+                    acknowledged_row(row(0));
+                    Fate::Committed
+                }
+                // The shared fsync failed: the COMMIT went through.
+                Err(ModelError::Group(_)) => Fate::Unsynced,
+                Err(_) => Fate::Gone,
             };
             fates.push((row(0), fate));
         }
@@ -691,8 +764,7 @@ async fn run(script: Script, writes: &WritePool<Model>, r: u32) -> Vec<(u32, Fat
             }
             fates.push((row(1), Fate::Gone));
             insert(&mut tx, row(0)).await;
-            tx.commit().await.expect("commit");
-            fates.push((row(0), Fate::Committed));
+            fates.push((row(0), must_commit(tx.commit().await, row(0))));
         }
         Script::ReturnEarly => {
             let mut tx = begin(writes).await;
@@ -715,8 +787,7 @@ async fn run(script: Script, writes: &WritePool<Model>, r: u32) -> Vec<(u32, Fat
                 .await
                 .expect("a second begin after a drop begins");
             insert(&mut second, row(1)).await;
-            second.commit().await.expect("commit");
-            fates.push((row(1), Fate::Committed));
+            fates.push((row(1), must_commit(second.commit().await, row(1))));
         }
         Script::SecondWhileOpen => {
             let mut first = begin(writes).await;
@@ -725,22 +796,24 @@ async fn run(script: Script, writes: &WritePool<Model>, r: u32) -> Vec<(u32, Fat
                 Err(ModelError::Invalid(_)) => {}
                 other => panic!("a second begin while one is open: {:?}", other.map(drop)),
             }
-            first.commit().await.expect("commit");
-            fates.push((row(0), Fate::Committed));
+            fates.push((row(0), must_commit(first.commit().await, row(0))));
         }
         Script::CancelBegin(polls) => {
             if let Some(tx) = cancel_after(polls, writes.begin()).await {
                 let mut tx = tx.expect("begin");
                 insert(&mut tx, row(0)).await;
-                tx.commit().await.expect("commit");
-                fates.push((row(0), Fate::Committed));
+                fates.push((row(0), must_commit(tx.commit().await, row(0))));
             }
         }
         Script::CancelCommit(polls) => {
             let mut tx = begin(writes).await;
             insert(&mut tx, row(0)).await;
             let fate = match cancel_after(polls, tx.commit()).await {
-                Some(Ok(())) => Fate::Committed,
+                Some(Ok(())) => {
+                    acknowledged_row(row(0));
+                    Fate::Committed
+                }
+                Some(Err(ModelError::Group(_))) => Fate::Unsynced,
                 Some(Err(_)) => Fate::Gone,
                 None => Fate::Unknown,
             };
@@ -755,10 +828,16 @@ async fn run(script: Script, writes: &WritePool<Model>, r: u32) -> Vec<(u32, Fat
                 std::mem::forget(savepoint);
             }
             insert(&mut tx, row(0)).await;
-            let ok = tx.commit().await.is_ok();
-            let fate = if ok { Fate::Committed } else { Fate::Gone };
+            let (fate, committed) = match tx.commit().await {
+                Ok(()) => {
+                    acknowledged_row(row(0));
+                    (Fate::Committed, true)
+                }
+                Err(ModelError::Group(_)) => (Fate::Unsynced, true),
+                Err(_) => (Fate::Gone, false),
+            };
             fates.push((row(0), fate));
-            fates.push((row(1), if ok { Fate::Either } else { Fate::Gone }));
+            fates.push((row(1), if committed { Fate::Either } else { Fate::Gone }));
         }
         Script::CancelRollback(polls) => {
             let mut tx = begin(writes).await;
@@ -772,39 +851,30 @@ async fn run(script: Script, writes: &WritePool<Model>, r: u32) -> Vec<(u32, Fat
 
 static DATABASES: AtomicUsize = AtomicUsize::new(0);
 
+thread_local! {
+    /// The database of the schedule running on this thread (shuttle runs a test's schedules
+    /// on its thread), for the model's fsync, which is given only a path.
+    static CURRENT: std::cell::RefCell<Option<Arc<Db>>> = const { std::cell::RefCell::new(None) };
+}
+
 /// One schedule: three requests at once, then the checks.
 fn scenario(old_protocol: bool) {
     let db = Arc::new(Db {
         id: DATABASES.fetch_add(1, Ordering::Relaxed),
         committed: Mutex::default(),
+        durable: Mutex::default(),
+        acknowledged_early: Mutex::default(),
         lock: Mutex::default(),
         busy: AtomicUsize::new(0),
         connections: Mutex::default(),
         old_protocol,
     });
+    CURRENT.with(|current| *current.borrow_mut() = Some(Arc::clone(&db)));
     let own = thread_rng().gen_bool(0.5);
-    // Group commit, in half the schedules (it needs the writer connection: `own`), within
-    // one to three members.
-    let group = (own && thread_rng().gen_bool(0.5)).then(|| {
-        let members = std::num::NonZeroUsize::new(thread_rng().gen_range(1..4)).unwrap();
-        group::GroupCommit::default()
-            .max_members(members)
-            .max_held(Duration::from_secs(3600))
-    });
+    // Group commit, in half the schedules (it needs the writer connection: `own`).
+    let group = (own && thread_rng().gen_bool(0.5)).then(group::GroupCommit::default);
     let writes = WritePool::<Model>::new(Pool(Arc::clone(&db)), own).group_commit(group);
-    // A savepoint forgotten after its commit was cancelled leaves sqlx's skip armed, which
-    // inside a group only the next group's first `BEGIN` clears (documented): not in the
-    // group schedules.
-    let scripts: Vec<Script> = (0..3)
-        .map(|_| {
-            loop {
-                let script = pick();
-                if group.is_none() || !matches!(script, Script::ForgottenSavepoint(_)) {
-                    break script;
-                }
-            }
-        })
-        .collect();
+    let scripts: Vec<Script> = (0..3).map(|_| pick()).collect();
     if std::env::var("MODEL_TRACE").is_ok() {
         eprintln!("scripts {scripts:?} group {group:?} own {own}");
     }
@@ -834,10 +904,20 @@ fn scenario(old_protocol: bool) {
             insert(savepoint.conn, 1).await;
         }
         insert(&mut tx, 2).await;
-        tx.commit().await.expect("the next writer commits");
+        match tx.commit().await {
+            // Committed (a failed shared fsync too: the COMMIT went through).
+            Ok(()) | Err(ModelError::Group(_)) => {}
+            Err(error) => panic!("the next writer commits: {error:?}"),
+        }
     });
 
     let committed = db.committed.lock().unwrap().clone();
+    let durable = db.durable.lock().unwrap().clone();
+    assert_eq!(
+        *db.acknowledged_early.lock().unwrap(),
+        Vec::<u32>::new(),
+        "{scripts:?}: commit() returned Ok before its row was durable"
+    );
     assert_eq!(
         db.busy.load(Ordering::SeqCst),
         0,
@@ -860,12 +940,23 @@ fn scenario(old_protocol: bool) {
                         "{scripts:?}: row {row} committed Ok, not there"
                     );
                     assert!(request.is_fenced(), "{scripts:?}: committed, not fenced");
+                    assert!(
+                        group.is_none() || durable.contains(&row),
+                        "{scripts:?}: row {row} committed Ok before an fsync made it durable"
+                    );
                 }
                 Fate::Gone => assert!(
                     !committed.contains(&row),
                     "{scripts:?}: row {row} should be gone"
                 ),
                 Fate::Either => {}
+                Fate::Unsynced => {
+                    assert!(
+                        committed.contains(&row),
+                        "{scripts:?}: row {row} told its fsync failed, not committed"
+                    );
+                    assert!(request.is_fenced(), "{scripts:?}: committed, not fenced");
+                }
                 Fate::Unknown => assert!(
                     !committed.contains(&row) || request.is_fenced(),
                     "{scripts:?}: row {row} committed by a cancelled commit, request not fenced"
@@ -898,8 +989,8 @@ fn scenario(old_protocol: bool) {
     }
 }
 
-/// shuttle's runner with stacks large enough for the write path's futures (a group member's
-/// are deep: the default 60 KiB overflows).
+/// shuttle's runner with stacks large enough for the write path's futures (the default 60 KiB
+/// overflows).
 fn runner<S: shuttle::scheduler::Scheduler + 'static>(scheduler: S) -> shuttle::Runner<S> {
     let mut config = shuttle::Config::new();
     config.stack_size = 1 << 20;

@@ -175,16 +175,27 @@ impl Driver for Sqlx08 {
         Ok((!file.is_empty()).then(|| PathBuf::from(file)))
     }
 
+    async fn durability(conn: &mut SqliteConnection) -> Result<(bool, u8), Error> {
+        let (mode, level): (String, i64) = sqlx_core::query_as::query_as(shared::DURABILITY_SQL)
+            .fetch_one(conn)
+            .await?;
+        Ok((
+            mode.eq_ignore_ascii_case("wal"),
+            u8::try_from(level).unwrap_or(u8::MAX),
+        ))
+    }
+
+    async fn set_synchronous(conn: &mut SqliteConnection, level: u8) -> Result<(), Error> {
+        sqlx_core::query::query(shared::synchronous_pragma(level))
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
     fn begin_immediate(
         conn: &mut SqliteConnection,
     ) -> impl Future<Output = Result<(), Error>> + Send + '_ {
         SqliteTransactionManager::begin(conn, Some(Cow::Borrowed("BEGIN IMMEDIATE")))
-    }
-
-    fn begin_savepoint(
-        conn: &mut SqliteConnection,
-    ) -> impl Future<Output = Result<(), Error>> + Send + '_ {
-        SqliteTransactionManager::begin(conn, None)
     }
 
     fn commit(conn: &mut SqliteConnection) -> impl Future<Output = Result<(), Error>> + Send + '_ {
@@ -283,14 +294,23 @@ impl WritePool {
         }
     }
 
-    /// Group commit (`None`: off, the default): consecutive write transactions share one
-    /// SQLite transaction and one `COMMIT`, each in a `SAVEPOINT` of its own, within `bounds`;
-    /// a `commit()` is `Ok` only once the group's `COMMIT` was. As
-    /// `tower_sqlite_retry::WritePool::group_commit`: see there.
-    pub fn group_commit(self, bounds: Option<GroupCommit>) -> Self {
+    /// Group commit (on by default; `None`: off): each write transaction commits on its own,
+    /// and those that commit while an fsync of the WAL runs share the next one (in WAL mode at
+    /// `synchronous = FULL`; nothing changes otherwise); a `commit()` is `Ok` only once an
+    /// fsync that started after its `COMMIT` completed. As
+    /// `tower_sqlite_retry::WritePool::group_commit`: see there. (sqlx 0.8 has no commit hook:
+    /// a statement run after a raw `COMMIT`/`ROLLBACK` on a transaction, or after a trigger's
+    /// `RAISE(ROLLBACK)`, is not refused here, as it is with sqlx 0.9.)
+    pub fn group_commit(self, settings: Option<GroupCommit>) -> Self {
         Self {
-            inner: self.inner.group_commit(bounds),
+            inner: self.inner.group_commit(settings),
         }
+    }
+
+    /// Test seam: while `held`, group commit starts no fsync. Not a public API.
+    #[doc(hidden)]
+    pub fn hold_fsync(&self, held: bool) -> bool {
+        self.inner.hold_fsync(held)
     }
 
     /// The database's write turn now: writers waiting, transactions, time held; two readings

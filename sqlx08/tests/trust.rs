@@ -538,62 +538,52 @@ async fn unrelated_in_memory_databases_never_share_a_turn() {
     assert_eq!(names(b.pool()).await, ["b"]);
 }
 
-/// Group commit on sqlx 0.8: members queued behind a member share its `COMMIT` (nothing is
-/// in the file before it), a member's drop undoes its own work only.
+/// Group commit on sqlx 0.8 (on by default): each transaction commits on its own (its row is
+/// in the file at its `COMMIT`), and those that commit while an fsync waits share the next one;
+/// a dropped transaction leaves nothing.
 #[tokio::test]
-async fn group_commit_members_share_one_commit() {
-    use tower_sqlite_retry::write::GroupCommit;
+async fn group_commit_shares_the_fsync() {
     let db = TestDb::new();
     let pool = pool_of(
         db.options(SqliteJournalMode::Wal, Duration::from_secs(5)),
         2,
     )
     .await;
-    let writes = WritePool::new(pool.clone()).group_commit(Some(GroupCommit::default()));
-    let mut a = writes.begin().await.unwrap();
-    insert(&mut a, 1, "a").await.unwrap();
-    let (began_tx, mut began) = mpsc::unbounded_channel();
-    let (go_tx, mut go) = mpsc::unbounded_channel::<()>();
-    let b = tokio::spawn({
-        let writes = writes.clone();
-        async move {
-            let mut tx = writes.begin().await?;
-            began_tx.send(()).unwrap();
-            go.recv().await.unwrap();
-            insert(&mut tx, 2, "b").await?;
-            tx.commit().await
-        }
-    });
-    let dropped = tokio::spawn({
-        let writes = writes.clone();
-        async move {
-            let mut tx = writes.begin().await.unwrap();
-            insert(&mut tx, 3, "dropped").await.unwrap();
-        }
-    });
-    let queued = async {
-        while writes.stats().map_or(0, |s| s.waiting) < 2 {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(30), queued)
-        .await
-        .unwrap();
-    let a_done = tokio::spawn(a.commit());
-    began.recv().await.unwrap();
+    let writes = WritePool::new(pool.clone());
+    let mut warm = writes.begin().await.unwrap();
+    insert(&mut warm, 1, "warm").await.unwrap();
+    warm.commit().await.unwrap();
+    assert!(writes.hold_fsync(true), "WAL at FULL: the fsync is shared");
+    let mut commits = Vec::new();
+    for (id, name) in [(2, "a"), (3, "b")] {
+        let mut tx = writes.begin().await.unwrap();
+        insert(&mut tx, id, name).await.unwrap();
+        commits.push(tokio::spawn(tx.commit()));
+        let committed = async {
+            while !names(&pool).await.contains(&name.to_owned()) {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), committed)
+            .await
+            .unwrap();
+    }
+    {
+        let mut dropped = writes.begin().await.unwrap();
+        insert(&mut dropped, 4, "dropped").await.unwrap();
+    }
     assert!(
-        names(&pool).await.is_empty(),
-        "nothing committed before the group's COMMIT"
+        commits.iter().all(|c| !c.is_finished()),
+        "acknowledged before the fsync"
     );
-    go_tx.send(()).unwrap();
-    b.await.unwrap().unwrap();
-    dropped.await.unwrap();
-    a_done.await.unwrap().unwrap();
-    // The dropped member ran after B (or was handed the group by it): its row is gone either
-    // way, and every other one is there.
+    writes.hold_fsync(false);
+    for commit in commits {
+        commit.await.unwrap().unwrap();
+    }
     let mut names = names(&pool).await;
     names.sort();
-    assert_eq!(names, ["a", "b"]);
+    assert_eq!(names, ["a", "b", "warm"]);
     let stats = writes.stats().unwrap();
-    assert!(stats.commits < stats.transactions, "{stats:?}");
+    // The warm-up was alone (its COMMIT fsynced itself); a and b shared one.
+    assert_eq!((stats.syncs, stats.synced), (1, 2), "{stats:?}");
 }

@@ -123,9 +123,6 @@ fn classify_link(error: &(dyn Error + 'static)) -> Option<Option<Retryable>> {
     if let Some(e) = error.downcast_ref::<crate::DbError>() {
         return Some(e.retryable().cloned());
     }
-    if let Some(e) = error.downcast_ref::<crate::write::GroupCommitFailed>() {
-        return Some(e.retryable().cloned());
-    }
     #[cfg(feature = "sqlx")]
     if let Some(e) = error.downcast_ref::<::sqlx::Error>() {
         return Some(super::classify(e));

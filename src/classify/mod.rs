@@ -128,8 +128,6 @@ macro_rules! sqlx_binding {
         fn classify_error(error: &sqlx::Error) -> Option<Retryable> {
             match error {
                 sqlx::Error::PoolTimedOut => Some(super::pool_timed_out()),
-                // A group commit's member, told that the group's COMMIT failed.
-                sqlx::Error::Io(e) => crate::write::group_failure(e).flatten(),
                 sqlx::Error::Database(db) => coded(db.as_ref()).classify(),
                 _ => None,
             }

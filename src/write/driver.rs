@@ -4,13 +4,29 @@
 
 use std::any::Any;
 use std::future::Future;
+use std::io;
 use std::ops::DerefMut;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::failed::GroupCommitFailed;
+use super::gate::CommitGate;
 use crate::classify::Retryable;
+
+/// The query [`Driver::durability`] runs: the journal mode and the `synchronous` level.
+pub const DURABILITY_SQL: &str = "SELECT (SELECT journal_mode FROM pragma_journal_mode), \
+     (SELECT synchronous FROM pragma_synchronous)";
+
+/// The statement [`Driver::set_synchronous`] runs for `level` (0 `OFF` … 3 `EXTRA`).
+pub fn synchronous_pragma(level: u8) -> &'static str {
+    match level {
+        0 => "PRAGMA synchronous = OFF",
+        1 => "PRAGMA synchronous = NORMAL",
+        2 => "PRAGMA synchronous = FULL",
+        _ => "PRAGMA synchronous = EXTRA",
+    }
+}
 
 /// A SQLite driver, as the write path uses it. Not a public API: it exists so that one
 /// implementation serves sqlx 0.8 and 0.9, and may change in any release.
@@ -57,11 +73,26 @@ pub trait Driver: Send + Sync + Sized + 'static {
     fn begin_immediate(
         conn: &mut Self::Connection,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + '_;
-    /// `TransactionManager::begin` with no statement on a connection in a transaction: a
-    /// `SAVEPOINT` (a group commit's member).
-    fn begin_savepoint(
+    /// Whether the connection's journal mode is WAL, and its `synchronous` level (0 `OFF`, 1
+    /// `NORMAL`, 2 `FULL`, 3 `EXTRA`).
+    fn durability(
         conn: &mut Self::Connection,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send + '_;
+    ) -> impl Future<Output = Result<(bool, u8), Self::Error>> + Send;
+    /// `PRAGMA synchronous = level` on the connection (1 `NORMAL`, 2 `FULL`, 3 `EXTRA`):
+    /// group commit's writer connection.
+    fn set_synchronous(
+        conn: &mut Self::Connection,
+        level: u8,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// Installs `gate` as the connection's commit hook (see `gate.rs`): `Ok(false)` when the
+    /// driver has no commit hook to set (sqlx 0.8).
+    fn guard_commits(
+        conn: &mut Self::Connection,
+        gate: Arc<CommitGate>,
+    ) -> impl Future<Output = Result<bool, Self::Error>> + Send {
+        let _ = (conn, gate);
+        async { Ok(false) }
+    }
     /// `TransactionManager::commit`.
     fn commit(
         conn: &mut Self::Connection,
@@ -93,9 +124,18 @@ pub trait Driver: Send + Sync + Sized + 'static {
     fn is_database_error(error: &Self::Error) -> bool;
     /// The marker, if the error is worth a replay (the crate's classifier for this driver).
     fn classify(error: &Self::Error) -> Option<Retryable>;
-    /// The error a group commit's member gets when the group failed (`Error::Io` around it,
-    /// where the classifiers look for it).
+    /// The error a transaction committed with group commit gets when the fsync it waited for
+    /// failed (`Error::Io` around it, where the classifiers look for it).
     fn group_failed(failure: GroupCommitFailed) -> Self::Error;
+
+    /// fsyncs the file at `path` (a WAL), off the runtime's threads.
+    fn sync_file(path: PathBuf) -> impl Future<Output = io::Result<()>> + Send {
+        async move {
+            tokio::task::spawn_blocking(move || super::group::sync_now(&path))
+                .await
+                .unwrap_or_else(|joined| Err(io::Error::other(joined)))
+        }
+    }
 
     /// Whether [`spawn`](Driver::spawn) can run a task now (a runtime is current).
     fn can_spawn() -> bool {

@@ -1,20 +1,18 @@
-//! `GroupCommitFailed`: what a member of a group commit is told when the group's `COMMIT`
-//! failed, or SQLite rolled the group's transaction back.
+//! `GroupCommitFailed`: what a write transaction committed with group commit is told when the
+//! fsync it waited for failed.
 
 use std::error::Error;
 use std::fmt;
 
 use crate::classify::Retryable;
 
-/// The error a write transaction's `commit()` fails with when it was a member of a group
-/// commit (see [`GroupCommit`](super::GroupCommit)) and the group's `COMMIT` failed, or SQLite
-/// rolled the group's transaction back on its own: nothing of the member was committed.
+/// The error a write transaction's `commit()` fails with when group commit (see
+/// [`GroupCommit`](super::GroupCommit)) shared the fsync and the fsync of the WAL it waited for
+/// failed: the transaction's `COMMIT` went through, but it is not known to be durable.
 ///
-/// The member that ran the `COMMIT` gets the driver's own error; the others get this one,
-/// carrying the same classification: retryable when the `COMMIT`'s error was (the layer then
-/// replays the member's request, which no commit fenced), not retryable otherwise. The
-/// classifiers recognise it inside the driver's I/O error (`sqlx::Error::Io`), where the write
-/// path puts it, and anywhere in an error's `source()` chain.
+/// Never retryable (a replay would write twice: the request was fenced at the `COMMIT`); the
+/// layer answers `500`. The write path puts it inside the driver's I/O error
+/// (`sqlx::Error::Io`), which the classifiers leave unretried like any other I/O error. Every other failure of a write transaction is its own, as without group commit.
 #[derive(Clone)]
 pub struct GroupCommitFailed {
     retryable: Option<Retryable>,
@@ -26,7 +24,7 @@ impl GroupCommitFailed {
         Self { retryable, detail }
     }
 
-    /// The marker of the group's error, if it was retryable.
+    /// The marker of the error, if it was retryable (never, for a failed fsync).
     pub fn retryable(&self) -> Option<&Retryable> {
         self.retryable.as_ref()
     }
@@ -36,8 +34,8 @@ impl fmt::Display for GroupCommitFailed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "the group commit this write transaction was a member of failed, nothing of it was \
-             committed: {}",
+            "group commit: the write transaction was committed, but is not known to be durable: \
+             {}",
             self.detail
         )
     }
@@ -53,14 +51,3 @@ impl fmt::Debug for GroupCommitFailed {
 }
 
 impl Error for GroupCommitFailed {}
-
-/// The marker a group member's failure carries, found in an I/O error (where the write path
-/// wraps it).
-#[cfg_attr(
-    not(any(feature = "sqlx", feature = "sqlx-0_8")),
-    allow(dead_code, reason = "the sqlx bindings ask it")
-)]
-pub(crate) fn in_io_error(error: &std::io::Error) -> Option<Option<Retryable>> {
-    let failed = error.get_ref()?.downcast_ref::<GroupCommitFailed>()?;
-    Some(failed.retryable.clone())
-}

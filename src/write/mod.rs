@@ -66,7 +66,9 @@
 //!   `sqlx::Error::PoolTimedOut` (retryable, as a pool time-out always was). The deadline
 //!   bounds the `BEGIN IMMEDIATE` too (which waits out another process's lock for up to
 //!   `busy_timeout`): the request is answered at its deadline, and the `BEGIN` is finished in
-//!   the background before the turn goes on.
+//!   the background before the turn goes on. The one wait the deadline does not cut is a
+//!   committed transaction's wait for a shared fsync (group commit, below): it has committed,
+//!   and the fsync runs or starts at once.
 //! - **Dropped without commit**: the transaction rolls back and the turn goes back as soon as
 //!   the rollback has run (one round trip to the connection, bounded by `acquire_timeout`), so
 //!   the next writer never meets its write lock; a handler that fails with `?` gives the turn
@@ -87,36 +89,53 @@
 //!
 //! # Group commit
 //!
-//! With [`WritePool::group_commit`][group] (off by default), write transactions that queue behind
-//! one another run inside one SQLite transaction on the writer connection, each in a
-//! `SAVEPOINT` of its own, and share one `COMMIT` (one fsync at `synchronous = FULL`; a WAL
-//! append of the hot pages once rather than per transaction). Each member stays all or
-//! nothing: its rollback, drop or error undoes its own work only. Nothing is acknowledged
-//! before it is durable: a member's `commit()` is `Ok` only once the group's `COMMIT` was, and
-//! only then is its request fenced. When the group's `COMMIT` fails, or SQLite rolls the
-//! whole transaction back on its own (`SQLITE_FULL`, `IOERR`, `NOMEM`, some `BUSY`), every
-//! member waiting fails, with [`GroupCommitFailed`] carrying the error's classification (a
-//! retryable one replays their requests: none was fenced).
+//! On by default ([`WritePool::group_commit`][group]`(None)` turns it off). In WAL mode at
+//! `synchronous = FULL` (sqlx's default, and SQLite's), every `COMMIT` waits for an fsync of the
+//! WAL while it holds the write lock: the fsync, not the transaction, is then the database's
+//! write limit. With group commit the writer connection runs at `NORMAL`, each write transaction
+//! still commits on its own, in its turn, and its `commit()` returns `Ok` only once an fsync
+//! of the WAL that *started after* its `COMMIT` returned has completed. The write lock is held
+//! for the transaction's statements only, and one fsync, outside it, makes durable every
+//! transaction that committed while the previous fsync ran.
 //!
-//! A group commits as soon as nobody waits in the pool's line: an idle service commits every
-//! transaction alone, and the first transaction of a group runs as it would without groups (no
-//! savepoint, no added latency). It also commits at its bounds ([`GroupCommit`]: 64 members,
-//! 10 ms by default; a member already in it runs to its end), and when a writer outside the
-//! pool waits for the database's turn. Readers never wait for a group (WAL).
+//! **No client can tell it from one transaction at a time** (but by the speed): every
+//! transaction has the outcome it would have alone (its own `COMMIT`, deferred foreign keys,
+//! triggers, commit hooks and errors: another request's failure is never its own), and its
+//! acknowledgement waits for nothing but an fsync that runs or starts at once (never for
+//! another request's work, so a lock held across `commit()` or a slow next writer delays
+//! nobody). The request is fenced at its `COMMIT`; the wait for the fsync is not cut by the
+//! deadline (a `COMMIT` under way never is), so a write is never answered as failed when it
+//! committed. An earlier release ran a group's members inside one SQLite transaction (each in
+//! a `SAVEPOINT`) with one `COMMIT`: they then shared one fate, which clients could tell
+//! (`CHANGELOG.md`).
 //!
-//! Why it is off by default: it changes what a failure means for a handler (a member can fail
-//! because another's statement filled the disk, or because the group's `COMMIT` met another
-//! process's lock), and a member's `commit()` waits for the members after it in its group.
-//! Measured (BENCHMARKS.md): 2.0–2.7× the writes of `BEGIN IMMEDIATE` at `synchronous = FULL`,
-//! 1.6× at `NORMAL` with no work outside the transaction, about the same as without groups on a
-//! handler whose own work dominates; a lone transaction costs about 4 % more instructions of
-//! the write path's own. Turn it on for durable commits (`FULL`) or when the write lock is the
-//! limit (utilization near 1.0).
+//! The one difference, and only on a power loss: a transaction's rows are visible to readers
+//! from its `COMMIT`, up to one fsync before its writer is answered. A power loss in that
+//! window loses rows a reader may have seen, never one whose writer was told it committed (the
+//! WAL is appended in commit order, so no later transaction is durable without an earlier
+//! one). A process crash loses nothing. An fsync that fails fails the `commit()`s waiting for
+//! it with [`GroupCommitFailed`] (not retryable: committed, not known durable) and an ERROR
+//! event.
 //!
-//! A savepoint forgotten with `mem::forget` after its commit was cancelled leaves sqlx's skip
-//! of the next unanswered rollback armed; without groups the next transaction's `BEGIN` clears
-//! it, inside a group only the next group's does (a dropped nested transaction in a later
-//! member of the same group could then keep its writes).
+//! Where there is no fsync to share it changes nothing: at `NORMAL` or `OFF`, in a
+//! rollback-journal mode, with `writer_connection(false)`, in memory; nor for a transaction that
+//! begins while no other writer waits and no fsync is under way (an idle service, one client):
+//! it runs at the pool's level and its `COMMIT` fsyncs as without groups, with no hand-off.
+//! Why it is on: measured with `wrk` from its own process at `FULL` (BENCHMARKS.md), several
+//! times the writes of `BEGIN IMMEDIATE`.
+//!
+//! # Only the write path commits
+//!
+//! The writer connection's commit hook lets a commit through only while the write path runs
+//! its `COMMIT` (sqlx 0.9; sqlx 0.8 has no commit hook). A transaction can end without the
+//! write path (a raw `COMMIT`, `ROLLBACK` or `RELEASE` run on it, a trigger's
+//! `RAISE(ROLLBACK, ...)`, which rolls back SQLite's whole transaction while sqlx still counts
+//! it open); every statement after that would run in autocommit mode and land on its own. The
+//! hook refuses each such commit (SQLite rolls the statement back:
+//! `SQLITE_CONSTRAINT_COMMITHOOK`, and an ERROR event says why), and the transaction's
+//! `commit()` fails with `InvalidArgument` saying what happened: nothing of the transaction is
+//! in the file. A commit hook the application sets on the writer connection replaces this one
+//! for that connection.
 //!
 //! # In-memory databases
 //!
@@ -386,6 +405,7 @@
 
 mod driver;
 mod failed;
+mod gate;
 mod group;
 mod pool;
 mod queue;
@@ -411,7 +431,8 @@ pub(crate) use turn::writers_waiting;
 /// change in any release.
 #[doc(hidden)]
 pub mod shared {
-    pub use super::driver::Driver;
+    pub use super::driver::{DURABILITY_SQL, Driver, synchronous_pragma};
+    pub use super::gate::CommitGate;
     pub use super::pool::WritePool;
     pub use super::transaction::Transaction;
 }
@@ -419,16 +440,6 @@ pub mod shared {
 /// The synchronization the turn's holder uses: std's here, shuttle's in the model check.
 mod sync {
     pub(super) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-}
-
-/// The marker of a group commit's failure told to a member (inside the I/O error the write
-/// path wraps it in): `Some(marker)` when the error is one.
-#[cfg_attr(
-    not(any(feature = "sqlx", feature = "sqlx-0_8")),
-    allow(dead_code, reason = "the sqlx bindings ask it")
-)]
-pub(crate) fn group_failure(error: &std::io::Error) -> Option<Option<crate::classify::Retryable>> {
-    failed::in_io_error(error)
 }
 
 /// Whether the request being polled on this thread holds a write transaction open (the turn

@@ -12,7 +12,8 @@ use std::time::Duration;
 use tokio::sync::OnceCell;
 
 use super::driver::Driver;
-use super::group::{GroupCommit, Line};
+use super::gate::CommitGate;
+use super::group::{GroupCommit, Syncs};
 use super::stats::{SLOW_DEFAULT, WriteStats};
 use super::transaction::Transaction;
 use super::turn::Queue;
@@ -45,8 +46,12 @@ pub(super) struct Target<D: Driver> {
     /// connection of the `WritePool`'s own. Only the turn's holder takes it, so its lock is
     /// never contended, and it is never held across an await.
     writer: Option<Mutex<Option<D::Connection>>>,
-    /// Group commit's line: the pool's members, one at a time on the writer connection.
-    pub(super) line: Mutex<Line<D>>,
+    /// Group commit's shared fsync: `Some` when the writer connection's commits may leave their
+    /// fsync to it (group commit on, WAL, `synchronous` `FULL` or `EXTRA`: the writer
+    /// connection then runs at `NORMAL` while other writers wait).
+    pub(super) syncs: Option<Arc<Syncs<D>>>,
+    /// The writer connection's commit hook (`gate.rs`): `Some` when the driver could set it.
+    pub(super) gate: Option<Arc<CommitGate>>,
 }
 
 impl<D: Driver> Clone for WritePool<D> {
@@ -61,7 +66,7 @@ impl<D: Driver> WritePool<D> {
     /// The write path over `pool`, with a writer connection of its own (`own`) or with
     /// connections from `pool`. Opens nothing.
     pub fn new(pool: D::Pool, own: bool) -> Self {
-        Self::build(pool, own, Some(SLOW_DEFAULT), None)
+        Self::build(pool, own, Some(SLOW_DEFAULT), Some(GroupCommit::default()))
     }
 
     fn build(pool: D::Pool, own: bool, slow: Option<Duration>, group: Option<GroupCommit>) -> Self {
@@ -92,15 +97,28 @@ impl<D: Driver> WritePool<D> {
         self.rebuild(self.shared.opener.is_some(), slow, self.shared.group)
     }
 
-    /// The same pool, with group commit within `bounds` (`None`: off).
-    pub fn group_commit(self, bounds: Option<GroupCommit>) -> Self {
-        self.rebuild(self.shared.opener.is_some(), self.shared.slow, bounds)
+    /// The same pool, with group commit (`None`: off).
+    pub fn group_commit(self, settings: Option<GroupCommit>) -> Self {
+        self.rebuild(self.shared.opener.is_some(), self.shared.slow, settings)
     }
 
     /// The turn's counts now, once the first write transaction asked SQLite which database
     /// the pool writes to (`None` before).
     pub fn stats(&self) -> Option<WriteStats> {
         Some(self.shared.target.get()?.queue.stats())
+    }
+
+    /// Test seam: while `held`, group commit starts no fsync (transactions commit, and wait for
+    /// it). `false` if this pool shares no fsync (group commit off, not WAL, not `FULL`, or
+    /// before its first write transaction).
+    pub fn hold_fsync(&self, held: bool) -> bool {
+        match self.shared.target.get().and_then(|t| t.syncs.as_ref()) {
+            Some(syncs) => {
+                syncs.hold(held);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Waits for the turn, then begins `IMMEDIATE` (see [`Transaction::begin`]).
@@ -153,10 +171,20 @@ impl<D: Driver> Shared<D> {
                 let mut conn = D::detach(D::acquire(opener).await?);
                 match D::main_file(&mut conn).await? {
                     Some(file) => {
+                        let queue = Queue::of_file(&file);
+                        let syncs = match self.group {
+                            Some(_) => Self::shares_fsync(&mut conn, &file, &queue).await?,
+                            None => None,
+                        };
+                        let gate = Arc::new(CommitGate::default());
+                        let gate = D::guard_commits(&mut conn, Arc::clone(&gate))
+                            .await?
+                            .then_some(gate);
                         return Ok(Target {
-                            queue: Queue::of_file(&file),
+                            queue,
                             writer: Some(Mutex::new(Some(conn))),
-                            line: Mutex::default(),
+                            syncs,
+                            gate,
                         });
                     }
                     None => {
@@ -174,8 +202,23 @@ impl<D: Driver> Shared<D> {
         Ok(Target {
             queue,
             writer: None,
-            line: Mutex::default(),
+            syncs: None,
+            gate: None,
         })
+    }
+
+    /// Group commit on the writer connection `conn` of `file`: whether its commits wait for an
+    /// fsync of their own (WAL at `FULL` or `EXTRA`), which they may then share (`Syncs`).
+    async fn shares_fsync(
+        conn: &mut D::Connection,
+        file: &Path,
+        queue: &Arc<Queue>,
+    ) -> Result<Option<Arc<Syncs<D>>>, D::Error> {
+        let (wal, synchronous) = D::durability(conn).await?;
+        if !wal || synchronous < 2 {
+            return Ok(None);
+        }
+        Ok(Some(Syncs::new(file, Arc::clone(queue), synchronous)))
     }
 
     /// The writer connection, if this pool has one and it is idle (the turn's holder asks).
@@ -195,7 +238,15 @@ impl<D: Driver> Shared<D> {
         if D::is_closed(opener) {
             return Err(D::closed());
         }
-        Ok(Conn::Own(D::detach(D::acquire(opener).await?)))
+        let mut conn = D::detach(D::acquire(opener).await?);
+        if let Some(syncs) = &target.syncs {
+            // A new writer connection, at the pool's `synchronous`.
+            syncs.opened();
+        }
+        if let Some(gate) = &target.gate {
+            D::guard_commits(&mut conn, Arc::clone(gate)).await?;
+        }
+        Ok(Conn::Own(conn))
     }
 
     /// The connection back where it came from if `clean` (no transaction left on it);
@@ -217,12 +268,6 @@ impl<D: Driver> Shared<D> {
 }
 
 impl<D: Driver> Target<D> {
-    /// Whether write transactions run on a writer connection of the pool's own (group commit
-    /// needs one: an in-memory database has none).
-    pub(super) fn has_writer(&self) -> bool {
-        self.writer.is_some()
-    }
-
     fn take_writer(&self) -> Option<D::Connection> {
         lock(self.writer.as_ref()?).take()
     }

@@ -84,10 +84,30 @@ impl Driver for Sqlx {
         SqliteTransactionManager::begin(conn, Some(IMMEDIATE))
     }
 
-    fn begin_savepoint(
+    async fn durability(conn: &mut SqliteConnection) -> Result<(bool, u8), sqlx::Error> {
+        let (mode, level): (String, i64) = sqlx::query_as(super::driver::DURABILITY_SQL)
+            .fetch_one(conn)
+            .await?;
+        Ok((
+            mode.eq_ignore_ascii_case("wal"),
+            u8::try_from(level).unwrap_or(u8::MAX),
+        ))
+    }
+
+    async fn guard_commits(
         conn: &mut SqliteConnection,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_ {
-        SqliteTransactionManager::begin(conn, None)
+        gate: Arc<super::gate::CommitGate>,
+    ) -> Result<bool, sqlx::Error> {
+        let mut handle = conn.lock_handle().await?;
+        handle.set_commit_hook(move || gate.admits());
+        Ok(true)
+    }
+
+    async fn set_synchronous(conn: &mut SqliteConnection, level: u8) -> Result<(), sqlx::Error> {
+        sqlx::query(super::driver::synchronous_pragma(level))
+            .execute(conn)
+            .await
+            .map(drop)
     }
 
     fn commit(
@@ -233,49 +253,70 @@ impl WritePool {
         }
     }
 
-    /// Group commit (`None`: off, the default): consecutive write transactions run inside
-    /// one SQLite transaction on the writer connection, each in a `SAVEPOINT` of its own, and
-    /// share one `COMMIT` (one fsync at `synchronous = FULL`), within `bounds`.
+    /// Group commit (on by default; `None`: off): write transactions that commit while an
+    /// fsync of the WAL runs share the next one, instead of each waiting for its own inside
+    /// the write lock.
     ///
-    /// A transaction's `commit()` returns once the group's `COMMIT` did, with its result: `Ok`
-    /// only when the group was committed, and only then is the request fenced. A member's
-    /// rollback, drop or error rolls back to its savepoint and leaves the others alone; the
-    /// group's `COMMIT` failing (or SQLite rolling the whole transaction back on its own, as on
-    /// `SQLITE_FULL`) fails every member, with [`GroupCommitFailed`] carrying the error's
-    /// classification (a retryable one replays the members' requests). A member sees the
-    /// writes of the members before it in the group, as if they had committed before it.
+    /// Every transaction still commits on its own, in its turn, with exactly the outcome it
+    /// would have alone: its own `COMMIT`, its own deferred foreign keys, triggers and commit
+    /// hooks, its own errors. What is shared is the fsync: in WAL mode at `synchronous = FULL`
+    /// (or `EXTRA`; sqlx's default and SQLite's), the writer connection runs at `NORMAL`, and
+    /// `commit()` returns `Ok` only once an fsync of the WAL that started after its `COMMIT`
+    /// has completed. The write lock is then held for the transaction's statements only, and
+    /// one fsync makes durable every transaction that committed while the previous one ran.
+    /// The request is fenced at the `COMMIT`; the wait for the fsync is not cut by the
+    /// request's deadline (a `COMMIT` under way is not either), and it waits for nothing but
+    /// an fsync that runs or starts at once. If the fsync fails, `commit()` fails with
+    /// [`GroupCommitFailed`] (not retryable: the transaction is committed, but not known to be
+    /// durable), and an ERROR event says so.
     ///
-    /// A group commits as soon as nobody waits in the pool's line for it: an idle service
-    /// commits every transaction alone, with no added latency, and the first transaction of a
-    /// group runs as it would without groups (no savepoint). It also commits when it reached
-    /// `bounds` (members, age), and when a writer outside the pool waits for the database's
-    /// turn. Groups need the pool's own writer connection: with `writer_connection(false)` or an
-    /// in-memory database every transaction runs alone.
+    /// What a client could tell, and only after a power loss: a transaction's rows are visible
+    /// to readers from its `COMMIT`, up to one fsync before its writer is answered; a power
+    /// loss in that window loses rows a reader may have seen, never a row whose writer was told
+    /// it committed. A process crash loses nothing.
+    ///
+    /// Nothing changes when there is no fsync to share: at `synchronous = NORMAL` or `OFF`, in
+    /// a rollback-journal mode, with `writer_connection(false)` or an in-memory database.
+    ///
+    /// A transaction that begins while no other writer waits and no fsync is under way (an
+    /// idle service, one client) runs at the pool's own level and its `COMMIT` fsyncs, as
+    /// without group commit: nothing to share, no hand-off. Why it is on: at `FULL` the fsync,
+    /// not the transaction, is the write limit of an SQLite database (BENCHMARKS.md has the
+    /// figures).
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions, SqliteSynchronous};
+    /// use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
     /// use tower_sqlite_retry::WritePool;
-    /// use tower_sqlite_retry::write::GroupCommit;
     ///
     /// # let dir = tempfile::tempdir()?;
     /// let options = SqliteConnectOptions::new()
     ///     .filename(dir.path().join("app.db"))
     ///     .create_if_missing(true)
-    ///     .synchronous(SqliteSynchronous::Full);
+    ///     .journal_mode(SqliteJournalMode::Wal); // synchronous: FULL, sqlx's default
     /// let pool = SqlitePoolOptions::new().connect_with(options).await?;
-    /// let db = WritePool::new(pool).group_commit(Some(GroupCommit::default()));
+    /// let db = WritePool::new(pool.clone()); // group commit on
     /// let mut tx = db.begin().await?;
     /// sqlx::query("CREATE TABLE t (x)").execute(&mut *tx).await?;
-    /// tx.commit().await?; // alone: nobody waited to join
+    /// tx.commit().await?; // Ok once durable (alone: its own COMMIT's fsync)
+    ///
+    /// let off = WritePool::new(pool).group_commit(None); // every COMMIT fsyncs on its own
+    /// # drop(off);
     /// # Ok(())
     /// # }
     /// ```
-    pub fn group_commit(self, bounds: Option<GroupCommit>) -> Self {
+    pub fn group_commit(self, settings: Option<GroupCommit>) -> Self {
         Self {
-            inner: self.inner.group_commit(bounds),
+            inner: self.inner.group_commit(settings),
         }
+    }
+
+    /// Test seam: while `held`, group commit starts no fsync, and every transaction shares
+    /// it, so that transactions commit and then wait for it. `false` if this pool shares no fsync. Not a public API.
+    #[doc(hidden)]
+    pub fn hold_fsync(&self, held: bool) -> bool {
+        self.inner.hold_fsync(held)
     }
 
     /// The database's write turn now: writers waiting, transactions, time held; two readings

@@ -33,10 +33,11 @@ pub(crate) struct TurnCounts {
     /// The `database` label: the file's name, or `memory`.
     database: Arc<str>,
     waiting: AtomicUsize,
-    /// Of `waiting`, those waiting for the turn itself (not in a pool's group-commit line).
-    for_turn: AtomicUsize,
     transactions: AtomicU64,
     commits: AtomicU64,
+    /// Group commit: fsyncs run, and the transactions they made durable.
+    syncs: AtomicU64,
+    synced: AtomicU64,
     /// Time the turn was held by the transactions that gave it back, in nanoseconds.
     busy: AtomicU64,
     /// When the current holder took the turn (nanoseconds since `BASE`, plus one), 0 if free.
@@ -52,9 +53,10 @@ impl TurnCounts {
         Self {
             database,
             waiting: AtomicUsize::new(0),
-            for_turn: AtomicUsize::new(0),
             transactions: AtomicU64::new(0),
             commits: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
+            synced: AtomicU64::new(0),
             busy: AtomicU64::new(0),
             held_since: AtomicU64::new(0),
             next_warn: AtomicU64::new(0),
@@ -66,33 +68,17 @@ impl TurnCounts {
         &self.database
     }
 
-    /// Whether a writer waits to write now (for the turn, or in a group-commit line).
+    /// Whether a writer waits for the turn now.
     pub(crate) fn has_waiting(&self) -> bool {
         self.waiting.load(Ordering::Relaxed) > 0
     }
 
-    /// A writer starts waiting to write (for the turn, or in a pool's group-commit line); it
-    /// stops when the guard drops (granted, past its bound, or cancelled).
-    pub(crate) fn waiting(&self) -> Waiting<'_> {
+    /// A writer starts waiting for the turn; it stops when the guard drops (granted, past its
+    /// bound, or cancelled).
+    pub(crate) fn waiting_for_turn(&self) -> Waiting<'_> {
         self.waiting.fetch_add(1, Ordering::Relaxed);
         recorder::write_waiting(&self.database, 1);
-        Waiting {
-            counts: self,
-            for_turn: false,
-        }
-    }
-
-    /// A writer starts waiting for the turn itself.
-    pub(crate) fn waiting_for_turn(&self) -> Waiting<'_> {
-        self.for_turn.fetch_add(1, Ordering::Relaxed);
-        let mut waiting = self.waiting();
-        waiting.for_turn = true;
-        waiting
-    }
-
-    /// Whether a writer waits for the turn itself (not in a group-commit line).
-    pub(crate) fn waiting_for_the_turn(&self) -> bool {
-        self.for_turn.load(Ordering::Relaxed) > 0
+        Waiting { counts: self }
     }
 
     /// The turn was taken, after `waited`: when, for [`given_back`](Self::given_back).
@@ -105,9 +91,8 @@ impl TurnCounts {
     }
 
     /// The turn, taken at `taken`, is being given back: how long it was held. Called before
-    /// the turn goes to the next in line (which sets `held_since` again). `alone`: it was one
-    /// write transaction's (a group's counts its members itself, [`members`](Self::members)).
-    pub(crate) fn given_back(&self, taken: Instant, alone: bool) -> Duration {
+    /// the turn goes to the next in line (which sets `held_since` again).
+    pub(crate) fn given_back(&self, taken: Instant) -> Duration {
         let held = taken.elapsed();
         self.held_since.store(0, Ordering::Relaxed);
         self.busy.fetch_add(
@@ -115,16 +100,16 @@ impl TurnCounts {
             Ordering::Relaxed,
         );
         self.commits.fetch_add(1, Ordering::Relaxed);
-        if alone {
-            self.transactions.fetch_add(1, Ordering::Relaxed);
-        }
+        self.transactions.fetch_add(1, Ordering::Relaxed);
         held
     }
 
-    /// A group commit ended with `members` write transactions in it.
-    pub(crate) fn members(&self, members: usize) {
-        self.transactions
-            .fetch_add(members as u64, Ordering::Relaxed);
+    /// Group commit ran an fsync that made `transactions` committed transactions durable: its
+    /// number (1 for the first), which names the group in the events.
+    pub(crate) fn synced(&self, transactions: usize) -> u64 {
+        self.synced
+            .fetch_add(transactions as u64, Ordering::Relaxed);
+        self.syncs.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// After the turn went on: the metrics of a transaction that waited `waited` and held the
@@ -191,6 +176,8 @@ impl TurnCounts {
             held: since != 0,
             transactions: self.transactions.load(Ordering::Relaxed),
             commits: self.commits.load(Ordering::Relaxed),
+            syncs: self.syncs.load(Ordering::Relaxed),
+            synced: self.synced.load(Ordering::Relaxed),
             busy: Duration::from_nanos(self.busy.load(Ordering::Relaxed).saturating_add(current)),
             at,
         }
@@ -200,14 +187,10 @@ impl TurnCounts {
 /// A writer waiting to write: counted until dropped.
 pub(crate) struct Waiting<'a> {
     counts: &'a TurnCounts,
-    for_turn: bool,
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        if self.for_turn {
-            self.counts.for_turn.fetch_sub(1, Ordering::Relaxed);
-        }
         self.counts.waiting.fetch_sub(1, Ordering::Relaxed);
         recorder::write_waiting(&self.counts.database, -1);
     }
@@ -240,12 +223,17 @@ pub struct WriteStats {
     pub waiting: usize,
     /// Whether a write transaction holds the turn now.
     pub held: bool,
-    /// Write transactions that held the turn and gave it back (or, with group commit, were in a
-    /// group that did), since the queue was made.
+    /// Write transactions that held the turn and gave it back, since the queue was made.
     pub transactions: u64,
-    /// Times the turn was given back: one per write transaction, or per group with group
-    /// commit (`transactions / commits` is the mean group size).
+    /// Times the turn was given back: one per write transaction (kept beside `transactions`
+    /// for the readings of earlier releases, when a group of transactions gave it back once).
     pub commits: u64,
+    /// Group commit: the fsyncs of the WAL it ran, since the queue was made (0 without group
+    /// commit, or when it has no fsync to share).
+    pub syncs: u64,
+    /// Group commit: the committed transactions those fsyncs made durable (`synced / syncs` is
+    /// the mean group).
+    pub synced: u64,
     /// The time the turn was held in all since the queue was made, the current holder's so far
     /// included.
     pub busy: Duration,
@@ -273,6 +261,8 @@ impl fmt::Debug for WriteStats {
             .field("held", &self.held)
             .field("transactions", &self.transactions)
             .field("commits", &self.commits)
+            .field("syncs", &self.syncs)
+            .field("synced", &self.synced)
             .field("busy", &self.busy)
             .finish_non_exhaustive()
     }

@@ -48,21 +48,13 @@ use tokio::time::Instant;
 use crate::attempt::{RequestState, current_request};
 
 use super::driver::Driver;
-use super::group::Member;
+use super::gate::CommitGate;
+use super::group::{NORMAL, Syncs};
 use super::pool::{Conn, Shared};
 use super::turn::Turn;
 
-/// A write transaction begun `IMMEDIATE` in its turn, alone or as a member of a group
-/// commit. See the public `WriteTransaction`s.
-pub struct Transaction<D: Driver>(Kind<D>);
-
-enum Kind<D: Driver> {
-    Alone(Alone<D>),
-    Member(Member<D>),
-}
-
-/// A write transaction alone in its turn.
-struct Alone<D: Driver> {
+/// A write transaction begun `IMMEDIATE` in its turn. See the public `WriteTransaction`s.
+pub struct Transaction<D: Driver> {
     state: State<D>,
 }
 
@@ -84,14 +76,42 @@ struct Held<D: Driver> {
     conn: Conn<D>,
     turn: Turn,
     home: Arc<Shared<D>>,
+    /// Group commit: this transaction runs at `NORMAL`, its fsync shared (waited for after
+    /// its `COMMIT`).
+    shared: bool,
 }
+
+impl<D: Driver> Held<D> {
+    /// The database's target, when the connection is the `WritePool`'s own writer connection
+    /// (the one with group commit's shared fsync and the commit hook).
+    fn own_target(&self) -> Option<&super::pool::Target<D>> {
+        match self.conn {
+            Conn::Own(_) => self.home.known_target(),
+            Conn::Pooled(_) => None,
+        }
+    }
+
+    /// The commit hook of the connection, if it is the `WritePool`'s own and has one.
+    fn gate(&self) -> Option<&Arc<CommitGate>> {
+        self.own_target()?.gate.as_ref()
+    }
+
+    /// Group commit's shared fsync, if the connection is the `WritePool`'s own and has one.
+    fn syncs(&self) -> Option<&Arc<Syncs<D>>> {
+        self.own_target()?.syncs.as_ref()
+    }
+}
+
+/// Why `commit()` failed when the commit hook refused a commit the write path did not send.
+const ENDED_OUTSIDE: &str = "the write transaction was ended by a statement the write path did \
+     not run (a raw COMMIT, ROLLBACK or RELEASE on it, or a trigger's RAISE(ROLLBACK)): nothing \
+     of it was committed, and the statements run after that were refused and rolled back";
 
 /// How deep a transaction's savepoints are rolled back before its connection is given up.
 const MAX_DEPTH: usize = 64;
 
 impl<D: Driver> Transaction<D> {
-    /// Waits for the turn of `home`'s database, then begins `IMMEDIATE` on a connection; with
-    /// group commit, waits in the pool's line and joins (or opens) a group.
+    /// Waits for the turn of `home`'s database, then begins `IMMEDIATE` on a connection.
     ///
     /// Bounded by the current request's deadline (every step: the first use's question to
     /// SQLite, the turn, the connection, the `BEGIN`) and, for the wait for the turn, by the
@@ -121,36 +141,11 @@ impl<D: Driver> Transaction<D> {
                     .to_owned(),
             ));
         }
-        let kind = match home.group {
-            Some(bounds) if target.has_writer() => {
-                Kind::Member(Member::begin(home, bounds, request, deadline).await?)
-            }
-            _ => Kind::Alone(Alone::begin(home, target, request, deadline).await?),
-        };
-        Ok(Self(kind))
+        Self::begin_in(home, target, request, deadline).await
     }
 
-    /// Commits. `Ok` only if the `COMMIT` was (a group member's: the group's), leaving the
-    /// connection at depth 0: the request is then fenced. A failure fences nothing.
-    pub async fn commit(self) -> Result<(), D::Error> {
-        match self.0 {
-            Kind::Alone(tx) => tx.commit().await,
-            Kind::Member(member) => member.commit().await,
-        }
-    }
-
-    /// Rolls back (a group member: to its savepoint).
-    pub async fn rollback(self) -> Result<(), D::Error> {
-        match self.0 {
-            Kind::Alone(tx) => tx.rollback().await,
-            Kind::Member(member) => member.rollback().await,
-        }
-    }
-}
-
-impl<D: Driver> Alone<D> {
     /// Waits for the turn, then begins `IMMEDIATE` on a connection.
-    async fn begin(
+    async fn begin_in(
         home: &Arc<Shared<D>>,
         target: &super::pool::Target<D>,
         request: Option<Arc<RequestState>>,
@@ -172,11 +167,12 @@ impl<D: Driver> Alone<D> {
         };
         // NOTE: from here the transaction owns the connection and the turn: dropped at any
         // await below, it finishes them by the one drop protocol.
-        let mut tx = Alone {
+        let mut tx = Transaction {
             state: State::Beginning(Held {
                 conn,
                 turn,
                 home: Arc::clone(home),
+                shared: false,
             }),
         };
         let held = tx.held_mut();
@@ -184,6 +180,32 @@ impl<D: Driver> Alone<D> {
         // sends: a no-op on a clean connection, it clears whatever a leaked transaction (a
         // `mem::forget`) left on it, so that every transaction begins on a clean one.
         D::start_rollback(&mut held.conn);
+        if let Some(gate) = held.gate() {
+            gate.reset();
+        }
+        if let Some(syncs) = held.syncs().cloned() {
+            // Group commit: `NORMAL` (the fsync shared) while others write, the pool's own
+            // level for a writer alone.
+            let others = held.turn.queue().counts().has_waiting();
+            let (level, change) = syncs.level_for(others);
+            held.shared = level == NORMAL;
+            if let Some(level) = change {
+                let set = within(deadline, D::set_synchronous(&mut held.conn, level)).await;
+                if !matches!(set, Some(Ok(()))) {
+                    syncs.forget_level();
+                }
+                match set {
+                    Some(Ok(())) => {}
+                    Some(Err(error)) => {
+                        tx.end(false);
+                        return Err(error);
+                    }
+                    // The deadline: the transaction is dropped, and finished.
+                    None => return Err(D::timed_out()),
+                }
+            }
+        }
+        let held = tx.held_mut();
         match within(deadline, D::begin_immediate(&mut held.conn)).await {
             Some(Ok(())) => {
                 tx.state = match std::mem::replace(&mut tx.state, State::Done) {
@@ -206,11 +228,13 @@ impl<D: Driver> Alone<D> {
         }
     }
 
-    /// Commits. `Ok` only if the `COMMIT` was, leaving the connection at depth 0: the request
-    /// is then fenced, the connection and the turn handed on. A failure rolls back, fences
-    /// nothing, and hands them on too. A savepoint of this transaction left open (a nested
-    /// transaction forgotten) is [`Driver::invalid`], after a rollback of everything.
-    async fn commit(mut self) -> Result<(), D::Error> {
+    /// Commits. `Ok` only if the `COMMIT` was, leaving the connection at depth 0, and (with
+    /// group commit sharing the fsync) once an fsync of the WAL that started after it
+    /// completed: the request is fenced as soon as the `COMMIT` was, and the connection and the
+    /// turn handed on. A failure rolls back, fences nothing, and hands them on too. A savepoint
+    /// of this transaction left open (a nested transaction forgotten) is [`Driver::invalid`],
+    /// after a rollback of everything.
+    pub async fn commit(mut self) -> Result<(), D::Error> {
         let held = self.held_mut();
         let depth = D::depth(&held.conn);
         if depth != 1 {
@@ -232,13 +256,25 @@ impl<D: Driver> Alone<D> {
             _ => unreachable!("a transaction the handler holds is open"),
         };
         let held = self.held_mut();
-        match D::commit(&mut held.conn).await {
+        let gate = held.gate().cloned();
+        if let Some(gate) = &gate {
+            gate.open();
+        }
+        let committed = D::commit(&mut held.conn).await;
+        let refused = gate.is_some_and(|gate| gate.close());
+        match committed {
             Ok(()) => {
                 if let Some(request) = held.turn.request() {
                     request.fence();
                 }
                 let depth = D::depth(&held.conn);
                 let handed_on = held.turn.queue().counts().has_waiting();
+                // NOTE: no await since the `COMMIT`'s answer: the fsync waited for starts
+                // after it.
+                let fsync = match held.syncs() {
+                    Some(syncs) if held.shared && depth == 0 => Some(syncs.committed()),
+                    _ => None,
+                };
                 self.end(true);
                 if depth != 0 {
                     return Err(D::invalid(format!(
@@ -250,7 +286,11 @@ impl<D: Driver> Alone<D> {
                     // `BEGIN` before this task goes on with the handler.
                     YieldOnce(false).await;
                 }
-                Ok(())
+                match fsync {
+                    // Committed and fenced: not bounded by the deadline, as a `COMMIT` is not.
+                    Some(pending) => pending.durable().await.map_err(D::group_failed),
+                    None => Ok(()),
+                }
             }
             Err(error) => {
                 // Nothing was committed: no fence. The transaction may still be open (a
@@ -262,13 +302,16 @@ impl<D: Driver> Alone<D> {
                 let held = self.held_mut();
                 let clean = roll_back_all::<D>(&mut held.conn).await;
                 self.end(clean);
+                if refused {
+                    return Err(D::invalid(ENDED_OUTSIDE.to_owned()));
+                }
                 Err(error)
             }
         }
     }
 
     /// Rolls back, and hands the connection and the turn on.
-    async fn rollback(mut self) -> Result<(), D::Error> {
+    pub async fn rollback(mut self) -> Result<(), D::Error> {
         let held = self.held_mut();
         let rolled_back = D::rollback(&mut held.conn).await;
         let clean = rolled_back.is_ok() && roll_back_all::<D>(&mut held.conn).await;
@@ -290,14 +333,16 @@ impl<D: Driver> Alone<D> {
         if let State::Beginning(held) | State::Open(held) | State::Committing(held) =
             std::mem::replace(&mut self.state, State::Done)
         {
-            let Held { conn, turn, home } = held;
+            let Held {
+                conn, turn, home, ..
+            } = held;
             home.give_back(conn, reusable);
             drop(turn);
         }
     }
 }
 
-impl<D: Driver> Drop for Alone<D> {
+impl<D: Driver> Drop for Transaction<D> {
     fn drop(&mut self) {
         let held = match std::mem::replace(&mut self.state, State::Done) {
             State::Done => return,
@@ -347,6 +392,7 @@ fn finish<D: Driver>(held: Held<D>) {
         mut conn,
         mut turn,
         home,
+        ..
     } = held;
     D::start_rollback(&mut conn);
     turn.release_request();
@@ -398,38 +444,23 @@ impl<D: Driver> std::ops::Deref for Transaction<D> {
     type Target = D::Connection;
 
     fn deref(&self) -> &D::Connection {
-        match &self.0 {
-            Kind::Alone(tx) => match &tx.state {
-                State::Open(held) => &held.conn,
-                _ => unreachable!("a transaction the handler holds is open"),
-            },
-            Kind::Member(member) => member.conn(),
+        match &self.state {
+            State::Open(held) => &held.conn,
+            _ => unreachable!("a transaction the handler holds is open"),
         }
     }
 }
 
 impl<D: Driver> std::ops::DerefMut for Transaction<D> {
     fn deref_mut(&mut self) -> &mut D::Connection {
-        match &mut self.0 {
-            Kind::Alone(tx) => match &mut tx.state {
-                State::Open(held) => &mut held.conn,
-                _ => unreachable!("a transaction the handler holds is open"),
-            },
-            Kind::Member(member) => member.conn_open_mut(),
+        match &mut self.state {
+            State::Open(held) => &mut held.conn,
+            _ => unreachable!("a transaction the handler holds is open"),
         }
     }
 }
 
 impl<D: Driver> fmt::Debug for Transaction<D> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.0 {
-            Kind::Alone(tx) => tx.fmt(f),
-            Kind::Member(member) => member.fmt(f),
-        }
-    }
-}
-
-impl<D: Driver> fmt::Debug for Alone<D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (state, turn) = match &self.state {
             State::Beginning(held) => ("beginning", Some(&held.turn)),

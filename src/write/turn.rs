@@ -136,27 +136,6 @@ impl Queue {
         slow: Option<Duration>,
         until: impl FnOnce() -> Option<Instant>,
     ) -> Option<Turn> {
-        self.take_as(request, Some(slow), until).await
-    }
-
-    /// [`take`](Self::take) for a group commit: the turn is held for a whole group, whose
-    /// members report their own times (not per route, here).
-    pub(crate) async fn take_for_group(
-        self: &Arc<Self>,
-        request: Option<Arc<RequestState>>,
-        until: impl FnOnce() -> Option<Instant>,
-    ) -> Option<Turn> {
-        self.take_as(request, None, until).await
-    }
-
-    /// `report`: `Some(slow)` to report the time held per route (and a slow holder), `None`
-    /// for a group's turn.
-    async fn take_as(
-        self: &Arc<Self>,
-        request: Option<Arc<RequestState>>,
-        report: Option<Option<Duration>>,
-        until: impl FnOnce() -> Option<Instant>,
-    ) -> Option<Turn> {
         let (permit, waited) = match self.turn.try_acquire() {
             Ok(permit) => (permit, Duration::ZERO),
             Err(TryAcquireError::NoPermits) => {
@@ -185,7 +164,7 @@ impl Queue {
             request,
             taken,
             waited,
-            report,
+            slow,
         })
     }
 }
@@ -210,7 +189,7 @@ pub(crate) fn held_by(request: &Arc<RequestState>) -> bool {
     any_queue(|queue| queue.is_held_by(Some(request)))
 }
 
-/// Whether a writer waits for a write turn (or in a group-commit line) of any database in this
+/// Whether a writer waits for a write turn of any database in this
 /// process now: what the layer's read limit asks before a read runs. Walks the registry (one
 /// lock, a handful of queues); the queues' counts say it, nothing else keeps it.
 pub(crate) fn writers_waiting() -> bool {
@@ -243,9 +222,8 @@ pub(crate) struct Turn {
     request: Option<Arc<RequestState>>,
     taken: std::time::Instant,
     waited: Duration,
-    /// Whether the time held is reported per route, and past which threshold it is slow:
-    /// `None` for a group's turn (its members report their own).
-    report: Option<Option<Duration>>,
+    /// Past which time held it is reported slow (`None`: never).
+    slow: Option<Duration>,
 }
 
 impl Turn {
@@ -257,15 +235,6 @@ impl Turn {
     /// The queue this turn is of.
     pub(crate) fn queue(&self) -> &Arc<Queue> {
         &self.queue
-    }
-
-    /// A group's turn now names the member running in it (for
-    /// [`Queue::is_held_by`] and the classifier's "its own lock").
-    pub(crate) fn name(&mut self, request: Option<Arc<RequestState>>) {
-        self.queue
-            .holder
-            .store(request.as_ref().map_or(0, address), Ordering::Release);
-        self.request = request;
     }
 
     /// The request lets go of the turn, which stays taken (a rollback still runs in it): the
@@ -284,15 +253,12 @@ impl Drop for Turn {
         // dropped after this body), and the counts are settled before the permit goes to the
         // next in line (who sets them again); the metrics and the WARN come after.
         self.release_request();
-        let held = self
-            .queue
-            .counts
-            .given_back(self.taken, self.report.is_some());
+        let held = self.queue.counts.given_back(self.taken);
         self.queue.turn.add_permits(1);
-        if let Some(slow) = self.report {
-            let route = self.request.as_deref().map(RequestState::route);
-            self.queue.counts.report(route, self.waited, held, slow);
-        }
+        let route = self.request.as_deref().map(RequestState::route);
+        self.queue
+            .counts
+            .report(route, self.waited, held, self.slow);
     }
 }
 

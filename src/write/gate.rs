@@ -1,0 +1,60 @@
+//! Only the write path commits on its writer connection.
+//!
+//! A write transaction's connection can leave its transaction without the write path: a raw
+//! `COMMIT`, `ROLLBACK` or `RELEASE` run on it, or a trigger's `RAISE(ROLLBACK, ...)`, which
+//! rolls back SQLite's whole transaction while sqlx (and the write path) still count it open.
+//! Every statement the handler runs after that runs in autocommit mode: without a guard, its
+//! writes would land on their own, although the transaction's `commit()` then fails.
+//!
+//! The guard is a commit hook on the writer connection that lets a commit through only while
+//! the write path is committing. Anything else that would commit there is turned into a
+//! rollback by SQLite (the statement fails with `SQLITE_CONSTRAINT_COMMITHOOK`), and the
+//! transaction's `commit()` then fails with an error that says why.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// What the writer connection's commit hook asks: whether the write path is committing now.
+/// Not a public API (see `write::shared`).
+#[derive(Debug, Default)]
+pub struct CommitGate {
+    /// The write path sent its `COMMIT`: one commit may go through.
+    open: AtomicBool,
+    /// A commit was refused since the transaction began.
+    refused: AtomicBool,
+}
+
+impl CommitGate {
+    /// The commit hook: `true` lets the commit through (once per `COMMIT` the write path
+    /// sends); `false` has SQLite roll it back.
+    pub fn admits(&self) -> bool {
+        if self.open.swap(false, Ordering::AcqRel) {
+            return true;
+        }
+        self.refused.store(true, Ordering::Release);
+        tracing::error!(
+            "a statement on a write transaction's connection would have committed outside the \
+             write path (after a raw COMMIT, ROLLBACK or RELEASE on it, or a trigger's \
+             RAISE(ROLLBACK), the connection is in autocommit mode): refused, and rolled back \
+             (SQLITE_CONSTRAINT_COMMITHOOK); the transaction's commit() will fail"
+        );
+        false
+    }
+
+    /// A transaction begins: nothing admitted or refused yet.
+    pub(super) fn reset(&self) {
+        self.open.store(false, Ordering::Release);
+        self.refused.store(false, Ordering::Release);
+    }
+
+    /// The write path is about to send its `COMMIT`.
+    pub(super) fn open(&self) {
+        self.open.store(true, Ordering::Release);
+    }
+
+    /// The write path's `COMMIT` answered: whether a commit the write path did not send was
+    /// refused since the transaction began.
+    pub(super) fn close(&self) -> bool {
+        self.open.store(false, Ordering::Release);
+        self.refused.load(Ordering::Acquire)
+    }
+}
