@@ -28,7 +28,7 @@
 //! | `layer-write` | `SqliteRetryLayer` (default policy) and the write path (`WritePool`, its writer connection) without group commit (`group_commit(None)`) |
 //! | `layer-write-shared` | the same with `writer_connection(false)`: writes take the pool's connections (the write path before it had a writer connection) |
 //! | `layer-write-group` | the write path as `WritePool::new` makes it: group commit on (the default) |
-//! | `layer-write-read-limit` | `layer-write` (no groups) with `RetryPolicy::read_limit` at one read per core while writers wait |
+//! | `layer-write-read-limit` | `layer-write` (no groups) with a read limit (`ReadLimit`) of one read per core while writers wait |
 //! | `layer-write-group-read-limit` | `layer-write-group` with the same read limit |
 //!
 //! **Client**: a closed loop (like `wrk`) of `--connections` keep-alive HTTP/1.1 connections in
@@ -102,7 +102,7 @@ enum Config {
     /// The write path with group commit (`GroupCommit::default()`).
     LayerWriteGroup,
     /// `layer-write` with a read limit of one read per core while writers wait
-    /// (`RetryPolicy::read_limit`).
+    /// (`SqliteRetryLayer::limit_reads_while_writers_wait`).
     LayerWriteReadLimit,
     /// `layer-write-group` with the read limit.
     LayerWriteGroupReadLimit,
@@ -467,7 +467,7 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
             ),
             Config::LayerWriteShared => Db::Write(
                 WritePool::new(open_pool(path, pool_size).await?)
-                    .writer_connection(false)
+                    .writer(tower_sqlite_retry::write::WriterConnection::FromPool)
                     .group_commit(None),
             ),
         };
@@ -491,14 +491,18 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
                 | Config::LayerWriteReadLimit
                 | Config::LayerWriteGroupReadLimit
         ) {
-            let mut policy = RetryPolicy::default();
+            let mut layer = SqliteRetryLayer::new(RetryPolicy::default());
             if matches!(
                 config,
                 Config::LayerWriteReadLimit | Config::LayerWriteGroupReadLimit
             ) {
-                policy = policy.read_limit(std::thread::available_parallelism().ok());
+                let cores =
+                    std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN);
+                layer = layer.limit_reads_while_writers_wait(
+                    tower_sqlite_retry::policy::ReadLimit::new(cores),
+                );
             }
-            router = router.layer(SqliteRetryLayer::new(policy));
+            router = router.layer(layer);
         }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         println!("listening {}", listener.local_addr()?);

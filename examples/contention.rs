@@ -102,7 +102,8 @@ use std::time::Duration;
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 use indicatif::{ProgressBar, ProgressStyle};
-use tower_sqlite_retry::{Admission, RetryPolicy};
+use tower_sqlite_retry::RetryPolicy;
+use tower_sqlite_retry::policy::Admission;
 
 use app_lib::{Backend, RetryPolicies, Work, redact};
 use driver::{Begin, BoxError, Report, Scenario, Target, Verdict};

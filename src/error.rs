@@ -178,7 +178,7 @@ impl DbError {
 }
 
 /// sqlx 0.9: [`classify`](fn@crate::classify), then
-/// [`is_constraint_violation`](crate::is_constraint_violation).
+/// [`is_constraint_violation`](crate::DriverError::is_constraint_violation).
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 impl From<sqlx::Error> for DbError {
@@ -195,7 +195,7 @@ impl From<sqlx::Error> for DbError {
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx-0_8")))]
 impl From<sqlx_0_8::Error> for DbError {
     fn from(error: sqlx_0_8::Error) -> Self {
-        let retryable = crate::classify_sqlx_0_8(&error);
+        let retryable = crate::classify(&error);
         let constraint = crate::classify::sqlx08_constraint(&error);
         Self::classified(retryable, constraint, error)
     }
@@ -207,7 +207,7 @@ impl From<sqlx_0_8::Error> for DbError {
 #[cfg_attr(docsrs, doc(cfg(feature = "rusqlite")))]
 impl From<rusqlite::Error> for DbError {
     fn from(error: rusqlite::Error) -> Self {
-        let retryable = crate::classify_rusqlite(&error);
+        let retryable = crate::classify(&error);
         let constraint = crate::classify::rusqlite_constraint(&error);
         Self::classified(retryable, constraint, error)
     }
@@ -219,7 +219,7 @@ impl From<rusqlite::Error> for DbError {
 #[cfg_attr(docsrs, doc(cfg(feature = "libsql")))]
 impl From<libsql::Error> for DbError {
     fn from(error: libsql::Error) -> Self {
-        let retryable = crate::classify_libsql(&error);
+        let retryable = crate::classify(&error);
         let constraint = crate::classify::libsql_constraint(&error);
         Self::classified(retryable, constraint, error)
     }

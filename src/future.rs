@@ -51,6 +51,7 @@ use tower_service::Service;
 use tracing::Span;
 
 use crate::admission::{Admitted, RouteLimit};
+pub use crate::attempt::InRequest;
 use crate::attempt::{Attempt, Outcome, RequestState, RetryOutcome, with_current};
 use crate::body::{Buffered, Caps, Collected, Collector, NotReplayable, Recording, ReplayBody};
 use crate::classify::{ClassifyError, Retryable};
@@ -534,7 +535,7 @@ where
             && crate::write::writers_waiting()
         {
             pending.read_checked = true;
-            Some((reads, Some(self.shared.policy.read_wait)))
+            Some((reads, Some(self.shared.read_wait)))
         } else {
             None
         };

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::Semaphore;
 use tower_layer::Layer;
@@ -9,7 +10,7 @@ use tower_layer::Layer;
 use crate::admission::{AdmissionLimit, Admissions};
 use crate::classify::NeverRetryErrors;
 use crate::metrics::{Counters, RetryMetrics};
-use crate::policy::{InvalidPolicy, RetryPolicy};
+use crate::policy::{InvalidPolicy, ReadLimit, RetryPolicy};
 use crate::service::SqliteRetry;
 
 /// State shared by every clone of one layer and the services it builds.
@@ -17,9 +18,11 @@ pub(crate) struct Shared {
     pub(crate) policy: RetryPolicy,
     pub(crate) counters: Arc<Counters>,
     pub(crate) gate: Option<Arc<Semaphore>>,
-    /// The read limit's permits (`RetryPolicy::read_limit`).
+    /// The read limit's places ([`SqliteRetryLayer::limit_reads_while_writers_wait`]), and the
+    /// longest a read waits for one.
     pub(crate) reads: Option<Arc<Semaphore>>,
-    pub(crate) admissions: Admissions,
+    pub(crate) read_wait: Duration,
+    pub(crate) admissions: Arc<Admissions>,
 }
 
 /// A tower [`Layer`] that replays requests whose response carries the
@@ -86,7 +89,8 @@ impl SqliteRetryLayer {
         let reads = policy.read_limit.map(|n| Arc::new(Semaphore::new(n.get())));
         Ok(Self {
             shared: Arc::new(Shared {
-                admissions: Admissions::new(policy.admission),
+                admissions: Arc::new(Admissions::new(policy.admission)),
+                read_wait: policy.read_wait,
                 policy,
                 counters: Arc::default(),
                 gate,
@@ -124,6 +128,45 @@ impl<C> SqliteRetryLayer<C> {
         }
     }
 
+    /// The same layer, holding `GET` and `HEAD` requests back while writers wait for a
+    /// database's turn, so that the writer's transaction gets the CPU: at most
+    /// [`limit.reads()`](ReadLimit::reads) at once, each waiting at most
+    /// [`limit.wait()`](ReadLimit::wait) for its place (see [`ReadLimit`] for when it pays
+    /// and what it trades). Off by default. The returned layer keeps this one's counters,
+    /// replay gate and admission, and has a read limit of its own.
+    ///
+    /// # Panics
+    ///
+    /// If the limit is invalid, with the reason ([`ReadLimit::validate`]).
+    ///
+    /// ```
+    /// use std::num::NonZeroUsize;
+    /// use tower_sqlite_retry::policy::ReadLimit;
+    /// use tower_sqlite_retry::{RetryPolicy, SqliteRetryLayer};
+    ///
+    /// // two reads at a time while writers queue for the turn
+    /// let layer = SqliteRetryLayer::new(RetryPolicy::default())
+    ///     .limit_reads_while_writers_wait(ReadLimit::new(NonZeroUsize::new(2).unwrap()));
+    /// # let _ = layer;
+    /// ```
+    pub fn limit_reads_while_writers_wait(self, limit: ReadLimit) -> Self {
+        if let Err(e) = limit.validate() {
+            panic!("{e}");
+        }
+        let shared = &self.shared;
+        Self {
+            shared: Arc::new(Shared {
+                policy: shared.policy.clone(),
+                counters: shared.counters.clone(),
+                gate: shared.gate.clone(),
+                reads: Some(Arc::new(Semaphore::new(limit.reads().get()))),
+                read_wait: limit.wait(),
+                admissions: shared.admissions.clone(),
+            }),
+            classifier: self.classifier,
+        }
+    }
+
     /// The layer's counters (shared with its clones and services).
     pub fn metrics(&self) -> RetryMetrics {
         RetryMetrics {
@@ -136,16 +179,13 @@ impl<C> SqliteRetryLayer<C> {
         &self.shared.policy
     }
 
-    /// The routes writer admission has limited so far, each with its method, route template
-    /// and the attempts in flight it allows (see [`AdmissionLimit`]), sorted by route template,
-    /// then method; empty while no route with a template has failed retryably (or with
-    /// [`Admission::Off`](crate::Admission::Off)).
-    ///
-    /// ```
-    /// # use tower_sqlite_retry::{RetryPolicy, SqliteRetryLayer};
-    /// let layer = SqliteRetryLayer::new(RetryPolicy::default());
-    /// assert!(layer.admission_limits().is_empty());
-    /// ```
+    /// The routes writer admission has limited so far: deprecated, the same as
+    /// [`RetryMetrics::admission_limits`] (`layer.metrics().admission_limits()`), the one
+    /// place the layer's readings are.
+    #[deprecated(
+        since = "0.1.0",
+        note = "use `layer.metrics().admission_limits()`: the layer's readings are all on `RetryMetrics`"
+    )]
     pub fn admission_limits(&self) -> Vec<AdmissionLimit> {
         self.shared.admissions.limits()
     }

@@ -52,10 +52,11 @@
 //! # let _ = app;
 //! ```
 //!
-//! With an error type of your own, call `classify` (or the function for your driver) and insert
-//! the [`Retryable`] it returns into your response's extensions. A plain tower service whose
-//! `Error` is not `Infallible` has its errors classified instead
-//! ([`SqliteRetryLayer::classify_errors`], `SqlxErrors`).
+//! With an error type of your own, call [`classify`](fn@classify) (any driver's error: [`DriverError`])
+//! and insert the [`Retryable`] it returns into your response's extensions, or let
+//! [`tag_retryable`] find the driver's error in your error's `source()` chain. A plain tower
+//! service whose `Error` is not `Infallible` has its errors classified instead
+//! ([`SqliteRetryLayer::classify_errors`], [`classify::DriverErrors`]).
 //!
 //! # When is a replay safe?
 //!
@@ -72,32 +73,40 @@
 //!
 //! # Where to look
 //!
-//! - [`SqliteRetryLayer`] and the [`SqliteRetry`] service it builds; [`future::ResponseFuture`],
-//!   the state machine that buffers, waits, calls, backs off and replays; [`ReplayBody`], the
-//!   body each attempt gets ([`body`] explains how it is kept).
+//! The root holds what the examples write; everything else is under its module.
+//!
+//! - [`SqliteRetryLayer`] and the [`SqliteRetry`] service it builds; [`future`], the state
+//!   machine that buffers, waits, calls, backs off and replays; [`body`], the body each attempt
+//!   gets ([`body::ReplayBody`]) and how it is kept.
 //! - [`RetryPolicy`]: attempts, backoff and [`Jitter`], the deadline, the body caps, the replay
-//!   gate, writer [`Admission`] (a learned limit on the attempts in flight of each route that
-//!   meets contention), an optional retry budget; [`InvalidPolicy`] says why a policy cannot
-//!   work.
-//! - Classification: `classify` (a `sqlx::Error`; `classify_sqlx_0_8`, `classify_rusqlite`,
-//!   `classify_libsql` for the other drivers, with their features), [`classify_sqlite_code`],
-//!   [`classify_postgres_code`], [`classify_mysql_code`] (raw codes), `is_constraint_violation`;
-//!   [`ClassifyError`] for service errors.
-//! - Per request: [`Attempt`] (the request extension on every attempt, with the fence) and
-//!   [`RetryOutcome`] with its [`Outcome`] (the response extension on the answer).
+//!   gate, writer admission (a learned limit on the attempts in flight of each route that meets
+//!   contention), an optional retry budget; the rest of the settings in [`policy`].
+//! - Classification: [`classify`](fn@classify) and the sealed [`DriverError`] trait (sqlx 0.9 and 0.8,
+//!   rusqlite, libSQL: whether an error is retryable, a constraint violation, its code and
+//!   name), [`tag_retryable`] and [`classify_error_chain`] for an application's own error
+//!   type, [`ClassifyError`] for service errors; the tables, and the functions that take raw
+//!   codes, in [`classify`](mod@classify).
+//! - Per request: [`Attempt`] (the request extension on every attempt, with the fence);
+//!   [`in_request`] carries the request into a spawned task.
 //! - Observability: tracing (target `tower_sqlite_retry`, span `sqlite_retry`), the layer's
-//!   counters ([`SqliteRetryLayer::metrics`], [`RetryMetrics`]), and, with the `metrics`
-//!   feature, counters and histograms through the `metrics` facade ([the `recorder`
+//!   counters ([`SqliteRetryLayer::metrics`], [`RetryMetrics`], the rest in [`metrics`]:
+//!   the response extension [`metrics::RetryOutcome`] says how a request ended), and, with the
+//!   `metrics` feature, counters and histograms through the `metrics` facade ([the `recorder`
 //!   module](recorder/index.html)).
+//! - The write path ([`write`](mod@write)): `WritePool` and `WriteTransaction` (feature `sqlite-write`),
+//!   and the turn on its own for other drivers.
+//!
+//! `docs/semver.md` in the repository says what 1.0 will freeze; items that moved keep their
+//! old root path, hidden and deprecated, for one release.
 //!
 //! # Cargo features
 //!
 //! | feature | what it adds |
 //! |---|---|
-//! | `sqlx` (default) | sqlx 0.9 errors: `classify`, `SqlxErrors`, `DbError: From<sqlx::Error>`; needs no SQLite C library |
-//! | `sqlx-0_8` | the same for sqlx 0.8 (`classify_sqlx_0_8`) |
-//! | `rusqlite` | rusqlite 0.14 to 0.43 (`classify_rusqlite`, `RusqliteErrors`, `From<rusqlite::Error>`) |
-//! | `libsql` | libSQL 0.10, local and embedded-replica databases (`classify_libsql`) |
+//! | `sqlx` (default) | sqlx 0.9 errors: `DriverError for sqlx::Error`, `DbError: From<sqlx::Error>`; needs no SQLite C library |
+//! | `sqlx-0_8` | the same for sqlx 0.8 |
+//! | `rusqlite` | rusqlite 0.14 to 0.43 (`DriverError`, `From<rusqlite::Error>`) |
+//! | `libsql` | libSQL 0.10, local and embedded-replica databases (`DriverError`, `From<libsql::Error>`) |
 //! | `postgres` | PostgreSQL SQLSTATEs, in whichever sqlx versions are on |
 //! | `mysql` | MySQL/MariaDB error numbers, in whichever sqlx versions are on |
 //! | `metrics` | metrics through the [`metrics`](https://docs.rs/metrics) facade |
@@ -128,11 +137,12 @@ mod attempt;
 pub mod body;
 pub mod classify;
 mod decide;
+mod deprecated;
 mod error;
 pub mod future;
 mod layer;
-mod metrics;
-mod policy;
+pub mod metrics;
+pub mod policy;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub mod recorder;
@@ -142,30 +152,22 @@ mod route;
 mod service;
 pub mod write;
 
-pub use admission::{Admission, AdmissionLimit};
-pub use attempt::{Attempt, InRequest, Outcome, RetryOutcome, in_request};
-pub use body::ReplayBody;
-#[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]
-pub use classify::SqlxErrors;
+// What a user writes in the README's examples, and the types its signatures need; the rest is
+// under its module (`policy`, `metrics`, `classify`, `write`, `body`, `future`). The old
+// root paths of moved items are kept, hidden and deprecated, for one release (`deprecated`).
+pub use attempt::{Attempt, in_request};
 pub use classify::{
-    ClassifyError, NeverRetryErrors, Retryable, classify_error_chain, classify_mysql_code,
-    classify_postgres_code, classify_sqlite_code, mysql_code_name, postgres_code_name,
-    sqlite_code_name, tag_retryable,
+    ClassifyError, DriverError, NeverRetryErrors, Retryable, classify, classify_error_chain,
+    tag_retryable,
 };
-#[cfg(feature = "libsql")]
-pub use classify::{LibsqlErrors, classify_libsql, is_constraint_violation_libsql};
-#[cfg(feature = "rusqlite")]
-pub use classify::{RusqliteErrors, classify_rusqlite, is_constraint_violation_rusqlite};
-#[cfg(feature = "sqlx")]
-pub use classify::{classify, is_constraint_violation};
-#[cfg(feature = "sqlx-0_8")]
-pub use classify::{classify_sqlx_0_8, is_constraint_violation_sqlx_0_8};
+#[allow(deprecated)]
+#[doc(hidden)]
+pub use deprecated::*;
 pub use error::DbError;
 pub use layer::SqliteRetryLayer;
-pub use metrics::{HISTOGRAM_BUCKETS, MetricsSnapshot, RetryMetrics};
-pub use policy::{InvalidPolicy, Jitter, RetryPolicy};
+pub use metrics::RetryMetrics;
+pub use policy::{Jitter, RetryPolicy};
 pub use service::SqliteRetry;
-pub use write::{TurnError, WriteQueue, WriteStats, WriteTurn};
 #[cfg(feature = "sqlite-write")]
 pub use write::{WritePool, WriteTransaction};
 
@@ -192,11 +194,11 @@ mod traits {
         assert_send::<SqliteRetry<Inner>>();
         assert_sync::<SqliteRetry<Inner>>();
         assert_send::<future::ResponseFuture<Inner, NeverRetryErrors, Body>>();
-        assert_send::<ReplayBody<Body>>();
-        assert_send::<ReplayBody<hyper::body::Incoming>>();
+        assert_send::<body::ReplayBody<Body>>();
+        assert_send::<body::ReplayBody<hyper::body::Incoming>>();
         assert_send::<Attempt>();
-        assert_send::<InRequest<std::future::Ready<()>>>();
-        assert_sync::<InRequest<std::future::Ready<()>>>();
+        assert_send::<future::InRequest<std::future::Ready<()>>>();
+        assert_sync::<future::InRequest<std::future::Ready<()>>>();
         assert_sync::<Attempt>();
         assert_send::<RetryMetrics>();
         assert_sync::<RetryMetrics>();

@@ -1,10 +1,15 @@
-//! Cheap counters, readable without a tracing subscriber.
+//! What the layer counts, readable without a tracing subscriber: [`RetryMetrics`] (from
+//! [`SqliteRetryLayer::metrics`](crate::SqliteRetryLayer::metrics)) and its
+//! [`MetricsSnapshot`]; [`RetryOutcome`], the response extension that says how each request
+//! ended, with its [`Outcome`]. With the `metrics` feature the same figures also go through
+//! the `metrics` facade ([`recorder`](crate::recorder)).
 
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
-use crate::attempt::Outcome;
+pub use crate::attempt::{Outcome, RetryOutcome};
+use crate::policy::AdmissionLimit;
 
 /// Number of buckets in [`MetricsSnapshot::attempts_histogram`]; the last one counts that many
 /// attempts or more.
@@ -92,15 +97,17 @@ impl fmt::Debug for RetryMetrics {
 }
 
 impl RetryMetrics {
-    /// The routes writer admission has limited so far, with the attempts in flight each is
-    /// allowed now (as [`SqliteRetryLayer::admission_limits`](crate::SqliteRetryLayer::admission_limits)).
+    /// The routes writer admission has limited so far, each with its method, route template
+    /// and the attempts in flight it allows now (see [`AdmissionLimit`]), sorted by route
+    /// template, then method; empty while no route with a template has failed retryably (or
+    /// with [`Admission::Off`](crate::policy::Admission::Off)).
     ///
     /// ```
     /// # use tower_sqlite_retry::{RetryPolicy, SqliteRetryLayer};
     /// let metrics = SqliteRetryLayer::new(RetryPolicy::default()).metrics();
     /// assert!(metrics.admission_limits().is_empty());
     /// ```
-    pub fn admission_limits(&self) -> Vec<crate::AdmissionLimit> {
+    pub fn admission_limits(&self) -> Vec<AdmissionLimit> {
         self.shared.admissions.limits()
     }
 

@@ -1,4 +1,6 @@
-//! Retry policy: caps, backoff arithmetic and validation.
+//! The layer's settings: [`RetryPolicy`] (attempts, backoff and [`Jitter`], the deadline,
+//! the body caps, the replay gate, writer [`Admission`], a retry budget), [`InvalidPolicy`]
+//! (why a policy cannot work) and [`AdmissionLimit`] (what admission limits now).
 
 use std::fmt;
 use std::num::NonZeroUsize;
@@ -7,7 +9,7 @@ use std::time::Duration;
 
 use tower::retry::budget::{Budget, TpsBudget};
 
-use crate::admission::Admission;
+pub use crate::admission::{Admission, AdmissionLimit};
 
 /// How a computed backoff delay is randomised.
 ///
@@ -374,63 +376,24 @@ impl RetryPolicy {
         self
     }
 
-    /// While writers wait for a write turn, at most this many read requests (`GET` and `HEAD`)
-    /// run their handlers at once under this layer; `None` (the default): reads are never held
-    /// back.
-    ///
-    /// On SQLite with the [write path](crate::write), every write waits for the one
-    /// transaction holding the database's turn, and that transaction's statements share the
-    /// CPU with every read in flight. Turn this on when reads crowd the writer out: writes
-    /// slow down as reads grow (the turn's held time, [`WriteStats`](crate::WriteStats),
-    /// grows with them). It trades reads for writes. Measured with 64 writers and 16 readers
-    /// on two cores (`BENCHMARKS.md`): one read per core took the writes from 0.96–0.98× to
-    /// 1.00–1.01× those of `BEGIN IMMEDIATE`, and the reads from 5.8–6.3× down to 3.9–4.0×.
-    /// Without the hand-over a commit now makes (the write path before it), the same limit
-    /// took the writes from 0.78–0.92× to 0.86–1.01×.
-    ///
-    /// - Reads are never held back while no writer waits: a read-mostly service is not
-    ///   slowed, nor is any service without the write path (PostgreSQL, MySQL, a plain pool).
-    /// - A read held back waits first come first served, at most
-    ///   [`read_wait`](Self::read_wait) (10 ms), then runs without a permit: the limit shares
-    ///   the CPU out, it never starves a read. The request's deadline bounds that wait too.
-    /// - Which writers: those waiting for the turn of any database in this process (through
-    ///   `WritePool`, [`WriteQueue`](crate::WriteQueue) or a group-commit line).
-    /// - With nested layers the outermost one's limit applies: an inner layer never takes a
-    ///   second permit for the same request.
-    /// - A `GET` that writes holds its read permit while it waits for the turn; that is safe
-    ///   (the turn's holder never needs a read permit), it only counts against the limit.
-    ///
-    /// ```
-    /// # use std::num::NonZeroUsize;
-    /// # use tower_sqlite_retry::RetryPolicy;
-    /// // four reads at a time while writers wait
-    /// let policy = RetryPolicy::default().read_limit(NonZeroUsize::new(4));
-    /// assert!(policy.validate().is_ok());
-    /// // reads never held back (the default)
-    /// let policy = RetryPolicy::default().read_limit(None);
-    /// ```
+    /// Deprecated: the read limit is the layer's, not the retry policy's: use
+    /// [`SqliteRetryLayer::limit_reads_while_writers_wait`](crate::SqliteRetryLayer::limit_reads_while_writers_wait)
+    /// with a [`ReadLimit`]. A limit set here still applies, unless the layer is given one.
+    #[deprecated(
+        since = "0.1.0",
+        note = "use `SqliteRetryLayer::limit_reads_while_writers_wait(ReadLimit::new(reads))`"
+    )]
     pub fn read_limit(mut self, reads: Option<NonZeroUsize>) -> Self {
         self.read_limit = reads;
         self
     }
 
-    /// The longest a read held back by the [read limit](Self::read_limit) waits (10 ms by
-    /// default): past it, it runs without a permit. The limit shares the CPU out while writers
-    /// queue; it never starves a read, and reads that keep their permit long (a long poll, a
-    /// slow report) hold the others back at most this long. Zero with a read limit set is
-    /// refused ([`validate`](Self::validate)): use `read_limit(None)` for no limit.
-    ///
-    /// ```
-    /// # use std::num::NonZeroUsize;
-    /// # use std::time::Duration;
-    /// # use tower_sqlite_retry::RetryPolicy;
-    /// let policy = RetryPolicy::default()
-    ///     .read_limit(NonZeroUsize::new(2))
-    ///     .read_wait(Duration::from_millis(5));
-    /// assert!(policy.validate().is_ok());
-    /// let zero = policy.read_wait(Duration::ZERO).validate().unwrap_err();
-    /// assert!(zero.to_string().contains("read_wait"));
-    /// ```
+    /// Deprecated: the longest a read waits for the read limit is [`ReadLimit::max_wait`],
+    /// given to [`SqliteRetryLayer::limit_reads_while_writers_wait`](crate::SqliteRetryLayer::limit_reads_while_writers_wait).
+    #[deprecated(
+        since = "0.1.0",
+        note = "use `SqliteRetryLayer::limit_reads_while_writers_wait(ReadLimit::new(reads).max_wait(most))`"
+    )]
     pub fn read_wait(mut self, most: Duration) -> Self {
         self.read_wait = most;
         self
@@ -543,6 +506,92 @@ fn uniform(rng: &mut fastrand::Rng, lo: Duration, hi: Duration) -> Duration {
         return lo;
     }
     Duration::from_nanos(rng.u64(lo_ns..=hi_ns))
+}
+
+/// How many `GET`/`HEAD` requests run at once while writers wait for a database's turn, and
+/// for how long a read waits for its place: given to
+/// [`SqliteRetryLayer::limit_reads_while_writers_wait`](crate::SqliteRetryLayer::limit_reads_while_writers_wait).
+///
+/// On SQLite with the [write path](crate::write), every write waits for the one transaction
+/// holding the database's turn, and that transaction's statements share the CPU with every
+/// read in flight. Give the layer a read limit when reads crowd the writer out: writes slow
+/// down as reads grow (the turn's held time, [`WriteStats`](crate::write::WriteStats), grows
+/// with them). It trades reads for writes (`BENCHMARKS.md` has the figures: with 64 writers
+/// and 16 readers on two cores, one read per core took the write path's writes from 0.96× to
+/// 1.00× those of `BEGIN IMMEDIATE`, and its reads from 6× down to 4×).
+///
+/// - Reads are never held back while no writer waits: a read-mostly service is not slowed,
+///   nor is any service without the write path (PostgreSQL, MySQL, a plain pool).
+/// - A read held back waits first come first served, at most [`max_wait`](Self::max_wait)
+///   (10 ms by default), then runs without a place: the limit shares the CPU out, it never
+///   starves a read. The request's deadline bounds that wait too.
+/// - Which writers: those waiting for the turn of any database in this process (through
+///   `WritePool` or [`WriteQueue`](crate::write::WriteQueue)).
+/// - With nested layers the outermost one's limit applies: an inner layer never takes a
+///   second place for the same request.
+/// - A `GET` that writes keeps its place while it waits for the turn; that is safe (the
+///   turn's holder never needs a read's place), it only counts against the limit.
+///
+/// ```
+/// # use std::num::NonZeroUsize;
+/// # use std::time::Duration;
+/// use tower_sqlite_retry::policy::ReadLimit;
+/// use tower_sqlite_retry::SqliteRetryLayer;
+///
+/// // two reads at a time while writers wait, each waiting at most 5 ms for its place
+/// let limit = ReadLimit::new(NonZeroUsize::new(2).unwrap()).max_wait(Duration::from_millis(5));
+/// assert_eq!(limit.reads().get(), 2);
+/// assert_eq!(limit.wait(), Duration::from_millis(5));
+/// let layer = SqliteRetryLayer::default().limit_reads_while_writers_wait(limit);
+/// # let _ = layer;
+/// // a zero wait is refused: a read held back would never wait for its place
+/// assert!(ReadLimit::new(NonZeroUsize::MIN).max_wait(Duration::ZERO).validate().is_err());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadLimit {
+    reads: NonZeroUsize,
+    wait: Duration,
+}
+
+impl ReadLimit {
+    /// At most `reads` reads at once while writers wait; a read waits at most 10 ms for its
+    /// place.
+    pub fn new(reads: NonZeroUsize) -> Self {
+        Self {
+            reads,
+            wait: Duration::from_millis(10),
+        }
+    }
+
+    /// The longest a read held back waits for its place; past it, it runs without one. Reads
+    /// that keep their place long (a long poll, a slow report) hold the others back at most
+    /// this long. Zero is refused ([`validate`](Self::validate)).
+    pub fn max_wait(mut self, most: Duration) -> Self {
+        self.wait = most;
+        self
+    }
+
+    /// How many reads run at once while writers wait.
+    pub fn reads(&self) -> NonZeroUsize {
+        self.reads
+    }
+
+    /// The longest a read held back waits for its place.
+    pub fn wait(&self) -> Duration {
+        self.wait
+    }
+
+    /// Checks the limit, saying what is wrong with it.
+    pub fn validate(&self) -> Result<(), InvalidPolicy> {
+        if self.wait.is_zero() {
+            return Err(InvalidPolicy {
+                why: "the read limit's max_wait is zero: a read held back would never wait \
+                      for its place; give the layer no read limit instead"
+                    .to_owned(),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// A [`RetryPolicy`] that cannot work, and why.

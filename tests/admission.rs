@@ -13,10 +13,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http::{Request, StatusCode};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_sqlite_retry::{
-    Admission, Attempt, Jitter, Outcome, ReplayBody, RetryOutcome, RetryPolicy, Retryable,
-    SqliteRetryLayer,
-};
+use tower_sqlite_retry::body::ReplayBody;
+use tower_sqlite_retry::metrics::Outcome;
+use tower_sqlite_retry::metrics::RetryOutcome;
+use tower_sqlite_retry::policy::Admission;
+use tower_sqlite_retry::{Attempt, Jitter, RetryPolicy, Retryable, SqliteRetryLayer};
 
 fn busy() -> Response {
     let mut res = StatusCode::SERVICE_UNAVAILABLE.into_response();
@@ -98,6 +99,7 @@ where
 /// `METHOD route: limit` for each limited route.
 fn limits(layer: &SqliteRetryLayer) -> Vec<String> {
     layer
+        .metrics()
         .admission_limits()
         .iter()
         .map(ToString::to_string)
@@ -136,7 +138,7 @@ async fn a_route_is_queued_only_after_it_collides() {
     // No contention yet: writes and reads run side by side, nobody waits.
     burst(&app, "POST", "/w", 5).await;
     assert_eq!(probe.take_max(), 5);
-    assert!(layer.admission_limits().is_empty());
+    assert!(layer.metrics().admission_limits().is_empty());
     assert_eq!(layer.metrics().snapshot().queued, 0);
 
     // One write meets contention: its route gets a limit of one attempt in flight.
@@ -152,7 +154,7 @@ async fn a_route_is_queued_only_after_it_collides() {
         Outcome::SucceededAfterRetry
     );
     assert_eq!(limits(&layer), ["POST /w/{id}: 1"]);
-    let route = &layer.admission_limits()[0];
+    let route = &layer.metrics().admission_limits()[0];
     assert_eq!(
         (route.method(), route.route(), route.limit(), route.held()),
         (&http::Method::POST, "/w/{id}", 1, 0)
@@ -175,7 +177,7 @@ async fn a_route_is_queued_only_after_it_collides() {
     burst(&app, "GET", "/r", 5).await;
     assert_eq!(probe.take_max(), 5);
     assert_eq!(layer.metrics().snapshot().queued, 4);
-    assert_eq!(layer.admission_limits().len(), 1);
+    assert_eq!(layer.metrics().admission_limits().len(), 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -187,7 +189,7 @@ async fn admission_off_never_queues() {
     burst(&app, "POST", "/w", 5).await;
     burst(&app, "POST", "/w", 5).await;
     assert_eq!(probe.take_max(), 5);
-    assert!(layer.admission_limits().is_empty());
+    assert!(layer.metrics().admission_limits().is_empty());
     assert_eq!(layer.metrics().snapshot().queued, 0);
 }
 

@@ -163,7 +163,7 @@ async fn a_storm_of_colliding_and_cancelled_requests_leaves_the_accounting_intac
     let res = client.post("/items/first", "").await;
     assert_eq!(res.status, StatusCode::SERVICE_UNAVAILABLE);
     lock.release().await;
-    assert_eq!(layer.admission_limits().len(), 1);
+    assert_eq!(layer.metrics().admission_limits().len(), 1);
 
     // Another writer, outside the layer, commits in a loop all through the storm.
     let stop = Arc::new(AtomicBool::new(false));
@@ -198,7 +198,7 @@ async fn a_storm_of_colliding_and_cancelled_requests_leaves_the_accounting_intac
         tokio::spawn(async move {
             let (mut low, mut high, mut changes, mut last) = (u32::MAX, 0, 0, 1);
             while !stop.load(Ordering::Relaxed) {
-                if let Some(route) = layer.admission_limits().first() {
+                if let Some(route) = layer.metrics().admission_limits().first() {
                     low = low.min(route.limit());
                     high = high.max(route.limit());
                     changes += u32::from(route.limit() != last);
@@ -260,10 +260,10 @@ async fn a_storm_of_colliding_and_cancelled_requests_leaves_the_accounting_intac
         statuses.len(),
         metrics.retries,
         metrics.queued,
-        layer.admission_limits()
+        layer.metrics().admission_limits()
     );
 
-    let limits = layer.admission_limits();
+    let limits = layer.metrics().admission_limits();
     assert_eq!(limits.len(), 1, "{limits:?}");
     let route = &limits[0];
     assert_eq!(route.route(), "/items/{id}");
@@ -277,6 +277,6 @@ async fn a_storm_of_colliding_and_cancelled_requests_leaves_the_accounting_intac
         StatusCode::CREATED
     );
     assert_eq!(layer.metrics().snapshot().queued, queued, "not queued");
-    let route = &layer.admission_limits()[0];
+    let route = &layer.metrics().admission_limits()[0];
     assert_eq!((route.held(), route.waiting()), (0, 0), "{route:?}");
 }

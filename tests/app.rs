@@ -25,7 +25,9 @@ use indicatif::ProgressBar;
 use sqlx::SqlitePool;
 use tempfile::TempDir;
 use tower::ServiceExt;
-use tower_sqlite_retry::{Jitter, Outcome, RetryOutcome, RetryPolicy};
+use tower_sqlite_retry::metrics::Outcome;
+use tower_sqlite_retry::metrics::RetryOutcome;
+use tower_sqlite_retry::{Jitter, RetryPolicy};
 
 use app_lib::{AppMetrics, Config, Item, Page, RetryPolicies, Work, open_pool, router};
 use driver::{Begin, Scenario, Target};

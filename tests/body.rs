@@ -15,9 +15,10 @@ use http::{HeaderValue, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use tower::ServiceExt;
-use tower_sqlite_retry::{
-    Attempt, DbError, Jitter, Outcome, ReplayBody, RetryOutcome, RetryPolicy, SqliteRetryLayer,
-};
+use tower_sqlite_retry::body::ReplayBody;
+use tower_sqlite_retry::metrics::Outcome;
+use tower_sqlite_retry::metrics::RetryOutcome;
+use tower_sqlite_retry::{Attempt, DbError, Jitter, RetryPolicy, SqliteRetryLayer};
 
 type Heads = Arc<Mutex<Vec<(Vec<String>, Option<&'static str>)>>>;
 

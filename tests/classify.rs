@@ -11,7 +11,8 @@ use axum::response::IntoResponse;
 use http::StatusCode;
 use http_body_util::BodyExt;
 use sqlx::sqlite::SqlitePoolOptions;
-use tower_sqlite_retry::{DbError, Retryable, classify, is_constraint_violation};
+use tower_sqlite_retry::classify::is_constraint_violation;
+use tower_sqlite_retry::{DbError, Retryable, classify};
 
 use common::{TestDb, assert_no_db_detail};
 
@@ -583,4 +584,55 @@ async fn error_chain_reads_no_lookalike_as_sqlite() {
         chain(&real).map(|r| r.code().to_owned()).as_deref(),
         Some("5")
     );
+}
+
+/// `DriverError` answers for a real error what the tables say, with the code and its name;
+/// `DriverErrors` finds it in a boxed error's chain, as plain tower services box their errors.
+#[tokio::test]
+async fn driver_error_answers_with_the_code_and_its_name() {
+    use tower_sqlite_retry::ClassifyError;
+    use tower_sqlite_retry::DriverError;
+    use tower_sqlite_retry::classify::DriverErrors;
+
+    let db = TestDb::new();
+    let busy = real_busy(&db).await;
+    assert_eq!(busy.code().as_deref(), Some("5"));
+    assert_eq!(busy.code_name(), Some("SQLITE_BUSY"));
+    assert!(!busy.is_constraint_violation());
+    assert_eq!(busy.retryable(), classify(&busy));
+    assert_eq!(busy.retryable().unwrap().name(), "SQLITE_BUSY");
+
+    let pool = db.pool(1, Duration::ZERO).await;
+    let unique = unique_violation(&pool, 7).await;
+    assert_eq!(unique.code().as_deref(), Some("2067"));
+    assert_eq!(unique.code_name(), Some("SQLITE_CONSTRAINT_UNIQUE"));
+    assert!(unique.is_constraint_violation());
+    assert_eq!(unique.retryable(), None);
+
+    // Not a database's error: no code, but the pool time-out is still retryable.
+    assert_eq!(sqlx::Error::PoolTimedOut.code(), None);
+    assert_eq!(sqlx::Error::PoolTimedOut.code_name(), None);
+    assert!(sqlx::Error::PoolTimedOut.retryable().is_some());
+
+    // The one classifier for services: the error itself, or boxed, or boxed inside another.
+    assert_eq!(DriverErrors.classify_error(&busy).unwrap().code(), "5");
+    #[derive(Debug)]
+    struct Wrapped(sqlx::Error);
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("store failed")
+        }
+    }
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+    let boxed: tower::BoxError = Box::new(Wrapped(busy));
+    assert_eq!(
+        DriverErrors.classify_error(&boxed).unwrap().name(),
+        "SQLITE_BUSY"
+    );
+    let boxed: tower::BoxError = Box::new(Wrapped(unique));
+    assert!(DriverErrors.classify_error(&boxed).is_none());
 }

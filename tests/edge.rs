@@ -24,10 +24,12 @@ use tokio::time::Instant;
 use tower::limit::ConcurrencyLimitLayer;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_http::timeout::RequestBodyDeadlineLayer;
-use tower_sqlite_retry::{
-    Admission, Attempt, Jitter, Outcome, ReplayBody, RetryOutcome, RetryPolicy, Retryable,
-    SqliteRetryLayer, SqlxErrors,
-};
+use tower_sqlite_retry::body::ReplayBody;
+use tower_sqlite_retry::classify::DriverErrors;
+use tower_sqlite_retry::metrics::Outcome;
+use tower_sqlite_retry::metrics::RetryOutcome;
+use tower_sqlite_retry::policy::Admission;
+use tower_sqlite_retry::{Attempt, Jitter, RetryPolicy, Retryable, SqliteRetryLayer};
 
 use common::serve;
 
@@ -669,8 +671,8 @@ fn busy_error() -> BoxError {
 async fn nested_layers_on_the_error_path_never_multiply_attempts() {
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
-    let inner = SqliteRetryLayer::new(quick(3)).classify_errors(SqlxErrors);
-    let outer = SqliteRetryLayer::new(quick(4)).classify_errors(SqlxErrors);
+    let inner = SqliteRetryLayer::new(quick(3)).classify_errors(DriverErrors);
+    let outer = SqliteRetryLayer::new(quick(4)).classify_errors(DriverErrors);
     let (inner_m, outer_m) = (inner.metrics(), outer.metrics());
     let svc = ServiceBuilder::new().layer(outer).layer(inner).service_fn(
         move |_: Request<ReplayBody<ReplayBody<Body>>>| {
@@ -704,7 +706,7 @@ async fn one_layer_nested_in_itself_shares_its_gate_without_deadlock() {
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
     let layer = SqliteRetryLayer::new(quick(3).deadline(Duration::from_secs(3600)))
-        .classify_errors(SqlxErrors);
+        .classify_errors(DriverErrors);
     let svc = ServiceBuilder::new()
         .layer(layer.clone())
         .layer(layer.clone())

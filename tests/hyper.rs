@@ -18,9 +18,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{Connection, SqliteConnection, SqlitePool};
 use tokio::sync::{mpsc, watch};
 use tower::ServiceBuilder;
-use tower_sqlite_retry::{
-    Attempt, DbError, Jitter, ReplayBody, RetryPolicy, Retryable, SqliteRetryLayer,
-};
+use tower_sqlite_retry::body::ReplayBody;
+use tower_sqlite_retry::{Attempt, DbError, Jitter, RetryPolicy, Retryable, SqliteRetryLayer};
 
 #[derive(Clone)]
 struct Handler {

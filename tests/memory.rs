@@ -18,7 +18,8 @@ use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_sqlite_retry::{ReplayBody, RetryPolicy, SqliteRetryLayer};
+use tower_sqlite_retry::body::ReplayBody;
+use tower_sqlite_retry::{RetryPolicy, SqliteRetryLayer};
 
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;

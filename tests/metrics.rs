@@ -29,8 +29,9 @@ use metrics_util::layers::FanoutBuilder;
 use sqlx::SqlitePool;
 use tokio::sync::{mpsc, watch};
 use tower::{ServiceBuilder, ServiceExt};
+use tower_sqlite_retry::body::ReplayBody;
 use tower_sqlite_retry::{
-    Attempt, DbError, Jitter, ReplayBody, RetryPolicy, Retryable, SqliteRetryLayer, recorder,
+    Attempt, DbError, Jitter, RetryPolicy, Retryable, SqliteRetryLayer, recorder,
 };
 
 use common::{HttpClient, TestDb, serve};

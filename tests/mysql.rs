@@ -20,9 +20,8 @@ use http::StatusCode;
 use sqlx::MySqlConnection;
 use sqlx::mysql::{MySql, MySqlPool};
 use tokio::sync::{mpsc, watch};
-use tower_sqlite_retry::{
-    Attempt, DbError, Retryable, SqliteRetryLayer, classify, is_constraint_violation,
-};
+use tower_sqlite_retry::classify::is_constraint_violation;
+use tower_sqlite_retry::{Attempt, DbError, Retryable, SqliteRetryLayer, classify};
 
 use common::{
     Calls, DbFixture, HttpClient, PausedState, TableState, assert_conflict_never_replayed,

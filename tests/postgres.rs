@@ -19,7 +19,8 @@ use axum::{Json, Router};
 use http::StatusCode;
 use sqlx::postgres::{PgPool, Postgres};
 use sqlx::{Connection, PgConnection};
-use tower_sqlite_retry::{Attempt, DbError, SqliteRetryLayer, classify, is_constraint_violation};
+use tower_sqlite_retry::classify::is_constraint_violation;
+use tower_sqlite_retry::{Attempt, DbError, SqliteRetryLayer, classify};
 
 use common::{
     DbFixture, HttpClient, PausedState, TableState, assert_conflict_never_replayed,

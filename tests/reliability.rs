@@ -22,10 +22,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::retry::budget::TpsBudget;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_sqlite_retry::{
-    Attempt, DbError, Jitter, Outcome, ReplayBody, RetryOutcome, RetryPolicy, Retryable,
-    SqliteRetryLayer,
-};
+use tower_sqlite_retry::body::ReplayBody;
+use tower_sqlite_retry::metrics::Outcome;
+use tower_sqlite_retry::metrics::RetryOutcome;
+use tower_sqlite_retry::{Attempt, DbError, Jitter, RetryPolicy, Retryable, SqliteRetryLayer};
 
 use common::{HttpClient, serve};
 
@@ -50,7 +50,7 @@ async fn under_total_failure(
     budget: TpsBudget,
     attempts: u32,
     requests: u64,
-) -> (tower_sqlite_retry::MetricsSnapshot, u64) {
+) -> (tower_sqlite_retry::metrics::MetricsSnapshot, u64) {
     let layer = SqliteRetryLayer::new(quick(attempts).budget(Arc::new(budget)));
     let metrics = layer.metrics();
     let calls = Arc::new(AtomicU32::new(0));

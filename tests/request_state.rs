@@ -20,10 +20,11 @@ use http::{Request, Response, StatusCode};
 use tokio::sync::Notify;
 use tower::retry::budget::Budget;
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_sqlite_retry::{
-    Admission, Attempt, Jitter, Outcome, ReplayBody, RetryOutcome, RetryPolicy, Retryable,
-    SqliteRetryLayer,
-};
+use tower_sqlite_retry::body::ReplayBody;
+use tower_sqlite_retry::metrics::Outcome;
+use tower_sqlite_retry::metrics::RetryOutcome;
+use tower_sqlite_retry::policy::Admission;
+use tower_sqlite_retry::{Attempt, Jitter, RetryPolicy, Retryable, SqliteRetryLayer};
 
 fn busy() -> Response<Body> {
     let mut res = StatusCode::SERVICE_UNAVAILABLE.into_response();
@@ -279,9 +280,9 @@ async fn nested_clones_of_one_layer_learn_their_limit() {
     let (app, ..) = route_w(&one, 1);
     let first = app.clone().oneshot(post("/w")).await.unwrap();
     assert_eq!(first.status(), StatusCode::OK);
-    let at_first = one.admission_limits();
+    let at_first = one.metrics().admission_limits();
     one_then_many(app, 64).await;
-    let learned = one.admission_limits();
+    let learned = one.metrics().admission_limits();
     assert_ne!(learned, at_first, "one layer learns");
 
     let nested = SqliteRetryLayer::new(policy(Admission::Adaptive));
@@ -290,7 +291,7 @@ async fn nested_clones_of_one_layer_learn_their_limit() {
     assert_eq!(first.status(), StatusCode::OK);
     one_then_many(app, 64).await;
     assert_eq!(
-        nested.admission_limits(),
+        nested.metrics().admission_limits(),
         learned,
         "nested clones learn the same"
     );

@@ -9,9 +9,9 @@ use axum::routing::{get, post};
 use axum::{Extension, Router};
 use http::{Request, StatusCode};
 use tower::ServiceExt;
-use tower_sqlite_retry::{
-    Attempt, DbError, Jitter, Outcome, RetryOutcome, RetryPolicy, SqliteRetryLayer,
-};
+use tower_sqlite_retry::metrics::Outcome;
+use tower_sqlite_retry::metrics::RetryOutcome;
+use tower_sqlite_retry::{Attempt, DbError, Jitter, RetryPolicy, SqliteRetryLayer};
 
 fn policy(attempts: u32) -> RetryPolicy {
     RetryPolicy::default()

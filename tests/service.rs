@@ -14,10 +14,11 @@ use http::{Request, Response, StatusCode};
 use proptest::prelude::*;
 use tokio::time::Instant;
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_sqlite_retry::{
-    Attempt, Jitter, Outcome, ReplayBody, RetryOutcome, RetryPolicy, Retryable, SqliteRetryLayer,
-    SqlxErrors,
-};
+use tower_sqlite_retry::body::ReplayBody;
+use tower_sqlite_retry::classify::DriverErrors;
+use tower_sqlite_retry::metrics::Outcome;
+use tower_sqlite_retry::metrics::RetryOutcome;
+use tower_sqlite_retry::{Attempt, Jitter, RetryPolicy, Retryable, SqliteRetryLayer};
 
 fn busy() -> Response<Body> {
     let mut res = Response::new(Body::empty());
@@ -123,7 +124,7 @@ async fn service_errors_use_the_error_classifier() {
         }
     });
     let svc = ServiceBuilder::new()
-        .layer(SqliteRetryLayer::new(fast()).classify_errors(SqlxErrors))
+        .layer(SqliteRetryLayer::new(fast()).classify_errors(DriverErrors))
         .service(inner.clone());
     let res = svc.oneshot(req()).await.unwrap();
     assert_eq!(
@@ -141,7 +142,7 @@ async fn service_errors_use_the_error_classifier() {
 
     // A non-retryable error is returned at once.
     let svc = ServiceBuilder::new()
-        .layer(SqliteRetryLayer::new(fast()).classify_errors(SqlxErrors))
+        .layer(SqliteRetryLayer::new(fast()).classify_errors(DriverErrors))
         .service(tower::service_fn(|_: Request<ReplayBody<Body>>| async {
             Err::<Response<Body>, _>(sqlx::Error::RowNotFound)
         }));

@@ -52,9 +52,8 @@ use tower_http::decompression::RequestDecompressionLayer;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
-use tower_sqlite_retry::{
-    Attempt, DbError, Jitter, MetricsSnapshot, RetryPolicy, Retryable, SqliteRetryLayer,
-};
+use tower_sqlite_retry::metrics::MetricsSnapshot;
+use tower_sqlite_retry::{Attempt, DbError, Jitter, RetryPolicy, Retryable, SqliteRetryLayer};
 
 use common::{HttpClient, Reply, TestDb, WriteLock, serve};
 

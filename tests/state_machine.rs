@@ -24,9 +24,10 @@ use http::{HeaderMap, Request, StatusCode};
 use proptest::prelude::*;
 use tokio::time::Instant;
 use tower::ServiceExt;
-use tower_sqlite_retry::{
-    Admission, Attempt, Jitter, Outcome, RetryOutcome, RetryPolicy, Retryable, SqliteRetryLayer,
-};
+use tower_sqlite_retry::metrics::Outcome;
+use tower_sqlite_retry::metrics::RetryOutcome;
+use tower_sqlite_retry::policy::Admission;
+use tower_sqlite_retry::{Attempt, Jitter, RetryPolicy, Retryable, SqliteRetryLayer};
 
 #[derive(Clone, Copy, Debug)]
 enum Answer {

@@ -23,7 +23,8 @@ use axum::extract::State;
 use axum::routing::post;
 use http::StatusCode;
 use sqlx::{Connection, SqliteConnection, SqlitePool};
-use tower_sqlite_retry::{Admission, DbError, RetryPolicy, SqliteRetryLayer};
+use tower_sqlite_retry::policy::Admission;
+use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer};
 
 use common::{HttpClient, TestDb, poll_until, serve};
 

@@ -15,7 +15,8 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::post;
 use common::{HttpClient, TestDb, capture_events, poll_until, serve};
-use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer, WritePool, WriteQueue};
+use tower_sqlite_retry::write::WriteQueue;
+use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer, WritePool};
 
 /// Begins, inserts, holds the turn for `hold_ms`, commits.
 async fn write(

@@ -506,7 +506,8 @@ async fn a_writer_in_another_process_is_waited_out() {
 /// rusqlite): it is the same queue as `WritePool`'s, and `committed()` fences the request.
 #[tokio::test]
 async fn write_queue_shares_the_turn_and_its_commit_fences() {
-    use tower_sqlite_retry::{TurnError, WriteQueue};
+    use tower_sqlite_retry::write::TurnError;
+    use tower_sqlite_retry::write::WriteQueue;
     #[derive(Clone)]
     struct S {
         pool: SqlitePool,
@@ -600,7 +601,8 @@ async fn readers_holding_every_pooled_connection_do_not_block_a_write() {
     let db = TestDb::new();
     let pool = pool_with(&db, 2, Duration::from_secs(5), Duration::from_millis(300)).await;
     let writes = WritePool::new(pool.clone());
-    let shared = WritePool::new(pool.clone()).writer_connection(false);
+    let shared =
+        WritePool::new(pool.clone()).writer(tower_sqlite_retry::write::WriterConnection::FromPool);
     let readers = [pool.acquire().await.unwrap(), pool.acquire().await.unwrap()];
     assert_eq!(pool.num_idle(), 0, "the readers hold the whole pool");
 

@@ -1,11 +1,11 @@
-//! The read limit (`RetryPolicy::read_limit`, `read_wait`): while a writer waits for a write
+//! The read limit (`SqliteRetryLayer::limit_reads_while_writers_wait`, `ReadLimit`): while a writer waits for a write
 //! turn, at most `n` `GET`/`HEAD` handlers under the layer run at once; a read held back runs
-//! anyway after `read_wait`; writes, and reads while no writer waits, are never held back.
+//! anyway after its `max_wait`; writes, and reads while no writer waits, are never held back.
 //!
 //! Real SQLite files, real `WritePool`s, real HTTP over loopback. Every wait is made by a
 //! transaction or a handler the test holds (a writer waits behind a transaction the test keeps
 //! open; a read stays in its handler until the test lets it go), never by timing: where a read
-//! must *not* get in, its `read_wait` is an hour. Which writers count is process-wide (any
+//! must *not* get in, its `max_wait` is an hour. Which writers count is process-wide (any
 //! database's turn), so the tests of this file take turns ([`serial`]).
 
 mod common;
@@ -21,6 +21,7 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use common::{HttpClient, TestDb, poll_until, serve};
 use tokio::sync::{Semaphore, watch};
+use tower_sqlite_retry::policy::ReadLimit;
 use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer, WritePool};
 
 /// The tests of this file one at a time: the read limit asks whether a writer waits for *any*
@@ -53,12 +54,12 @@ impl App {
         }
     }
 
-    fn router(&self, policy: RetryPolicy) -> Router {
+    fn router(&self, layer: SqliteRetryLayer) -> Router {
         Router::new()
             .route("/read", get(read))
             .route("/peek", post(read))
             .route("/write/{seq}", post(write))
-            .layer(SqliteRetryLayer::new(policy))
+            .layer(layer)
             .with_state(self.clone())
     }
 
@@ -100,8 +101,16 @@ async fn store(State(w): State<WritePool>, Path(seq): Path<i64>) -> Result<Statu
     Ok(StatusCode::CREATED)
 }
 
-fn limit(n: usize) -> RetryPolicy {
-    RetryPolicy::default().read_limit(NonZeroUsize::new(n))
+/// A layer with `policy` and a read limit of `n` reads, each waiting at most `wait`.
+fn limited(policy: RetryPolicy, n: usize, wait: Duration) -> SqliteRetryLayer {
+    let reads = NonZeroUsize::new(n).expect("a read limit of at least one");
+    SqliteRetryLayer::new(policy)
+        .limit_reads_while_writers_wait(ReadLimit::new(reads).max_wait(wait))
+}
+
+/// A default layer with a read limit of `n` reads, each waiting at most `wait`.
+fn limit(n: usize, wait: Duration) -> SqliteRetryLayer {
+    limited(RetryPolicy::default(), n, wait)
 }
 
 /// A writer waiting for the turn behind a transaction the test holds: `(the transaction, the
@@ -137,11 +146,11 @@ struct Case {
 }
 
 impl Case {
-    async fn new(policy: RetryPolicy) -> Self {
+    async fn new(layer: SqliteRetryLayer) -> Self {
         let serial = serial().await;
         let db = TestDb::new();
         let app = App::new(&db).await;
-        let server = serve(app.router(policy)).await;
+        let server = serve(app.router(layer)).await;
         Self {
             client: HttpClient::new(server.addr),
             app,
@@ -160,13 +169,13 @@ fn spawn_get(client: &HttpClient, path: &str) -> tokio::task::JoinHandle<common:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_a_writer_waits_reads_run_at_most_the_limit_at_once() {
-    let case = Case::new(limit(2).read_wait(HOUR)).await;
+    let case = Case::new(limit(2, HOUR)).await;
     let (app, client) = (&case.app, &case.client);
     let (held, writer) = waiting_writer(app, 1).await;
 
     let reads: Vec<_> = (0..3).map(|_| spawn_get(client, "/read")).collect();
     poll_until("two reads in", async || app.entered() == 2).await;
-    // The third is held back: it gets in only when one of the two answers. (Its `read_wait`
+    // The third is held back: it gets in only when one of the two answers. (Its `max_wait`
     // is an hour: it cannot get in any other way.)
     app.release.add_permits(1);
     poll_until("the third read in", async || app.entered() == 3).await;
@@ -186,7 +195,7 @@ async fn while_a_writer_waits_reads_run_at_most_the_limit_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn while_no_writer_waits_reads_are_never_held_back() {
-    let case = Case::new(limit(1).read_wait(HOUR)).await;
+    let case = Case::new(limit(1, HOUR)).await;
     let (app, client) = (&case.app, &case.client);
     // The turn held, nobody waiting for it: not a reason to hold reads back.
     let held = app.writes.begin().await.unwrap();
@@ -201,8 +210,8 @@ async fn while_no_writer_waits_reads_are_never_held_back() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_held_back_runs_anyway_after_read_wait() {
-    let case = Case::new(limit(1).read_wait(Duration::from_millis(50))).await;
+async fn a_read_held_back_runs_anyway_after_its_max_wait() {
+    let case = Case::new(limit(1, Duration::from_millis(50))).await;
     let (app, client) = (&case.app, &case.client);
     let (held, writer) = waiting_writer(app, 1).await;
 
@@ -225,7 +234,7 @@ async fn a_read_held_back_runs_anyway_after_read_wait() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_methods_are_never_held_back() {
-    let case = Case::new(limit(1).read_wait(HOUR)).await;
+    let case = Case::new(limit(1, HOUR)).await;
     let (app, client) = (&case.app, &case.client);
     let (held, writer) = waiting_writer(app, 1).await;
 
@@ -246,7 +255,7 @@ async fn other_methods_are_never_held_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_no_read_limit_reads_run_freely_while_writers_wait() {
-    let case = Case::new(RetryPolicy::default().read_limit(None)).await;
+    let case = Case::new(SqliteRetryLayer::default()).await;
     let (app, client) = (&case.app, &case.client);
     let (held, writer) = waiting_writer(app, 1).await;
 
@@ -267,7 +276,7 @@ async fn nested_layers_take_one_permit_per_read() {
     let app = App::new(&db).await;
     // The same layer twice (one read limit of one permit): the inner one must not wait for a
     // second permit of the read that the outer one let in.
-    let layer = SqliteRetryLayer::new(limit(1).read_wait(HOUR));
+    let layer = limit(1, HOUR);
     let router = Router::new()
         .route("/read", get(read).layer(layer.clone()))
         .route("/write/{seq}", post(write))
@@ -290,10 +299,12 @@ async fn nested_layers_take_one_permit_per_read() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_held_back_past_its_deadline_is_answered_503() {
-    let policy = limit(1)
-        .read_wait(HOUR)
-        .deadline(Duration::from_millis(200));
-    let case = Case::new(policy).await;
+    let layer = limited(
+        RetryPolicy::default().deadline(Duration::from_millis(200)),
+        1,
+        HOUR,
+    );
+    let case = Case::new(layer).await;
     let (app, client) = (&case.app, &case.client);
     let (held, writer) = waiting_writer(app, 1).await;
 
@@ -334,7 +345,7 @@ async fn a_storm_of_reads_and_writes_under_the_smallest_limit_loses_nothing() {
         )
         .route("/touch/{seq}", get(store))
         .route("/write/{seq}", post(store))
-        .layer(SqliteRetryLayer::new(limit(1).read_wait(HOUR)))
+        .layer(limit(1, HOUR))
         .with_state(writes.clone());
     let server = serve(router).await;
     let client = HttpClient::new(server.addr);

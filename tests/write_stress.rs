@@ -23,7 +23,7 @@ use common::{HttpClient, TestDb, serve};
 use sqlx::sqlite::SqlitePoolOptions;
 use sqlx::{Connection, SqliteConnection, SqlitePool};
 use tokio::sync::oneshot;
-use tower_sqlite_retry::write::GroupCommit;
+use tower_sqlite_retry::write::{GroupCommit, WriterConnection};
 use tower_sqlite_retry::{Attempt, DbError, Jitter, RetryPolicy, SqliteRetryLayer, WritePool};
 
 /// Where a disconnecting request's handler says that it holds its transaction open: its
@@ -118,7 +118,11 @@ async fn storm_with(own_writer: bool, group: Option<GroupCommit>) {
     let holding = Holding::default();
     let app = App {
         db: WritePool::new(pool.clone())
-            .writer_connection(own_writer)
+            .writer(if own_writer {
+                WriterConnection::Own
+            } else {
+                WriterConnection::FromPool
+            })
             .group_commit(group),
         holding: holding.clone(),
     };

@@ -22,6 +22,7 @@ use common::{HttpClient, TestDb, serve};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{Connection, SqliteConnection, SqlitePool};
 use tokio::sync::mpsc;
+use tower_sqlite_retry::write::WriterConnection;
 use tower_sqlite_retry::{DbError, Jitter, RetryPolicy, SqliteRetryLayer, WritePool, in_request};
 
 /// Options on `db`'s file in rollback-journal mode (`DELETE`): a reader's open transaction
@@ -124,7 +125,11 @@ async fn a_cancelled_commit_hands_on_a_clean_connection() {
         let db = TestDb::new();
         let options = rollback_journal(&db, Duration::from_secs(10));
         let pool = pool_of(options.clone(), 1).await;
-        let writes = WritePool::new(pool.clone()).writer_connection(own);
+        let writes = WritePool::new(pool.clone()).writer(if own {
+            WriterConnection::Own
+        } else {
+            WriterConnection::FromPool
+        });
 
         let reader = Reader::hold(&options).await;
         let mut tx = writes.begin().await.unwrap();

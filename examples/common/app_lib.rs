@@ -41,9 +41,12 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{AssertSqlSafe, SqlitePool};
 use tower::ServiceBuilder;
 use tower::limit::ConcurrencyLimitLayer;
+use tower_sqlite_retry::metrics::MetricsSnapshot;
+use tower_sqlite_retry::policy::Admission;
+use tower_sqlite_retry::policy::AdmissionLimit;
+use tower_sqlite_retry::write::WriteStats;
 use tower_sqlite_retry::{
-    Admission, AdmissionLimit, Attempt, DbError, MetricsSnapshot, RetryMetrics, RetryPolicy,
-    SqliteRetryLayer, WritePool, WriteStats,
+    Attempt, DbError, RetryMetrics, RetryPolicy, SqliteRetryLayer, WritePool,
 };
 
 /// `GET /items` page size when `limit` is not given, and the largest one allowed.

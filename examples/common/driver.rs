@@ -423,7 +423,7 @@ pub(crate) async fn run(scenario: Scenario) -> Result<Report, BoxError> {
     let next = Arc::new(AtomicUsize::new(0));
     let created = Arc::new(AtomicU64::new(0));
     // The write path's turn before the run (`None`: no write transaction yet, nothing held).
-    let turns_before: Vec<Option<tower_sqlite_retry::WriteStats>> =
+    let turns_before: Vec<Option<tower_sqlite_retry::write::WriteStats>> =
         served.iter().map(|s| s.db.write_stats()).collect();
 
     let started = Instant::now();

@@ -114,9 +114,10 @@ use sqlx_sqlite::{
     SqliteTransactionManager,
 };
 use tower_sqlite_retry::Retryable;
-use tower_sqlite_retry::WriteStats;
 use tower_sqlite_retry::write::shared::{self, Driver};
-use tower_sqlite_retry::write::{GroupCommit, GroupCommitFailed};
+use tower_sqlite_retry::write::{GroupCommit, GroupCommitFailed, WriteStats};
+/// Which connection write transactions begin on (the same type as the sqlx 0.9 `WritePool`'s).
+pub use tower_sqlite_retry::write::WriterConnection;
 
 /// sqlx 0.8's SQLite driver, as the write path of `tower-sqlite-retry` uses it: everything
 /// else (the turn, the transaction's lifecycle, the drop protocol) is that crate's one
@@ -241,7 +242,7 @@ impl Driver for Sqlx08 {
     }
 
     fn classify(error: &Error) -> Option<Retryable> {
-        tower_sqlite_retry::classify_sqlx_0_8(error)
+        tower_sqlite_retry::classify(error)
     }
 
     fn group_failed(failure: GroupCommitFailed) -> Error {
@@ -276,10 +277,24 @@ impl WritePool {
     /// default: opened when first needed with the pool's options, then kept outside any pool,
     /// never pinged or recycled, and handed from writer to writer) or take one from the
     /// application's pool in their turn (`false`).
-    pub fn writer_connection(self, own: bool) -> Self {
+    pub fn writer(self, writer: WriterConnection) -> Self {
         Self {
-            inner: self.inner.writer_connection(own),
+            inner: self.inner.writer(writer),
         }
+    }
+
+    /// Deprecated: [`writer`](Self::writer) with [`WriterConnection::Own`] (`true`) or
+    /// [`WriterConnection::FromPool`] (`false`).
+    #[deprecated(
+        since = "0.1.0",
+        note = "use `.writer(WriterConnection::Own)` or `.writer(WriterConnection::FromPool)`"
+    )]
+    pub fn writer_connection(self, own: bool) -> Self {
+        self.writer(if own {
+            WriterConnection::Own
+        } else {
+            WriterConnection::FromPool
+        })
     }
 
     /// Reports write transactions that hold the turn `slow` or longer (`None`: none); 250 ms

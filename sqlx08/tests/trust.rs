@@ -22,7 +22,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{Connection, SqliteConnection, SqlitePool};
 use tokio::sync::mpsc;
 use tower_sqlite_retry::{DbError, Jitter, RetryPolicy, SqliteRetryLayer, in_request};
-use tower_sqlite_retry_sqlx08::WritePool;
+use tower_sqlite_retry_sqlx08::{WritePool, WriterConnection};
 
 struct TestDb {
     dir: tempfile::TempDir,
@@ -176,7 +176,7 @@ async fn a_cancelled_commit_hands_on_a_clean_connection() {
         let db = TestDb::new();
         let options = db.options(SqliteJournalMode::Delete, Duration::from_secs(10));
         let pool = pool_of(options.clone(), 1).await;
-        let writes = WritePool::new(pool.clone()).writer_connection(own);
+        let writes = WritePool::new(pool.clone()).writer(if own { WriterConnection::Own } else { WriterConnection::FromPool });
 
         let reader = Reader::hold(&options).await;
         let mut tx = writes.begin().await.unwrap();

@@ -129,15 +129,15 @@ fn classify_link(error: &(dyn Error + 'static)) -> Option<Option<Retryable>> {
     }
     #[cfg(feature = "sqlx-0_8")]
     if let Some(e) = error.downcast_ref::<sqlx_0_8::Error>() {
-        return Some(super::classify_sqlx_0_8(e));
+        return Some(super::DriverError::retryable(e));
     }
     #[cfg(feature = "rusqlite")]
     if let Some(e) = error.downcast_ref::<::rusqlite::Error>() {
-        return Some(super::classify_rusqlite(e));
+        return Some(super::DriverError::retryable(e));
     }
     #[cfg(feature = "libsql")]
     if let Some(e) = error.downcast_ref::<::libsql::Error>() {
-        return Some(super::classify_libsql(e));
+        return Some(super::DriverError::retryable(e));
     }
     // The database error a sqlx error holds, met in place of the sqlx error behind an
     // `#[error(transparent)]` wrapper.

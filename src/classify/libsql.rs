@@ -12,65 +12,53 @@
 //! The dependency is declared without default features: it brings libsql's error type, not
 //! its SQLite fork (`libsql-ffi`), which the application's own libsql features decide.
 
-use super::{Backend, ClassifyError, Coded, Constraint, Retryable};
+use super::{Backend, ClassifyError, Coded, Constraint, DriverError, Retryable};
 
-/// Whether a libsql error is worth replaying the whole request for, and why: the extended
-/// result code of an `Error::SqliteFailure` (local databases) or `Error::RemoteSqliteFailure`
-/// (embedded replicas), through SQLite's table
-/// ([`classify_sqlite_code`](crate::classify_sqlite_code)). Every other error is `None`.
-///
-/// ```
-/// use tower_sqlite_retry::classify_libsql;
-///
-/// let busy = libsql::Error::SqliteFailure(5, "database is locked".into());
-/// assert_eq!(classify_libsql(&busy).unwrap().name(), "SQLITE_BUSY");
-/// assert!(classify_libsql(&libsql::Error::QueryReturnedNoRows).is_none());
-/// ```
+/// Whether a libsql error is worth replaying the whole request for: deprecated, the same as
+/// [`classify`](fn@crate::classify) (and [`DriverError::retryable`](super::DriverError::retryable)), one function for every driver.
 #[cfg_attr(docsrs, doc(cfg(feature = "libsql")))]
+#[deprecated(
+    since = "0.1.0",
+    note = "use `tower_sqlite_retry::classify` (or `DriverError::retryable`): one function for every driver"
+)]
 pub fn classify_libsql(error: &libsql::Error) -> Option<Retryable> {
-    coded(error)?.classify()
+    error.retryable()
 }
 
-/// Whether a libsql error is a constraint violation (any `SQLITE_CONSTRAINT_*`): never
-/// replayed, and answered by [`DbError`](crate::DbError) per kind: `409` for unique, primary
-/// key and foreign key violations, `422` for NOT NULL and CHECK, `500` for DATATYPE (see the
-/// [`classify`](mod@crate::classify) module's SQLite table).
-///
-/// ```
-/// use tower_sqlite_retry::is_constraint_violation_libsql;
-///
-/// let unique = libsql::Error::SqliteFailure(2067, "UNIQUE constraint failed: t.x".into());
-/// assert!(is_constraint_violation_libsql(&unique));
-/// ```
+/// Whether a libsql error is a constraint violation: deprecated, the same as
+/// [`DriverError::is_constraint_violation`](super::DriverError::is_constraint_violation).
 #[cfg_attr(docsrs, doc(cfg(feature = "libsql")))]
+#[deprecated(
+    since = "0.1.0",
+    note = "use `DriverError::is_constraint_violation` (or `classify::is_constraint_violation`): one for every driver"
+)]
 pub fn is_constraint_violation_libsql(error: &libsql::Error) -> bool {
-    constraint(error).is_some()
+    error.is_constraint_violation()
 }
 
-/// An error classifier for services whose error is, or boxes, a `libsql::Error`: runs
-/// [`classify_libsql`] on it.
-///
-/// ```
-/// use tower_sqlite_retry::{ClassifyError, LibsqlErrors};
-///
-/// let boxed: tower::BoxError = Box::new(libsql::Error::SqliteFailure(517, String::new()));
-/// assert_eq!(LibsqlErrors.classify_error(&boxed).unwrap().code(), "517");
-/// ```
+/// An error classifier for services whose error is, or boxes, a `libsql::Error`: deprecated,
+/// use [`DriverErrors`](super::DriverErrors), one classifier for every driver.
 #[cfg_attr(docsrs, doc(cfg(feature = "libsql")))]
 #[derive(Clone, Copy, Debug, Default)]
+#[deprecated(
+    since = "0.1.0",
+    note = "use `classify::DriverErrors`: one classifier for every driver"
+)]
 pub struct LibsqlErrors;
 
+#[allow(deprecated)]
 impl ClassifyError<libsql::Error> for LibsqlErrors {
     fn classify_error(&self, error: &libsql::Error) -> Option<Retryable> {
-        classify_libsql(error)
+        error.retryable()
     }
 }
 
+#[allow(deprecated)]
 impl ClassifyError<tower::BoxError> for LibsqlErrors {
     fn classify_error(&self, error: &tower::BoxError) -> Option<Retryable> {
         error
             .downcast_ref::<libsql::Error>()
-            .and_then(classify_libsql)
+            .and_then(DriverError::retryable)
     }
 }
 
@@ -90,6 +78,26 @@ fn coded(error: &libsql::Error) -> Option<Coded<'_>> {
         backend: Backend::Sqlite(code),
         message,
     })
+}
+
+impl super::driver::Sealed for libsql::Error {}
+
+impl DriverError for libsql::Error {
+    fn retryable(&self) -> Option<Retryable> {
+        coded(self)?.classify()
+    }
+
+    fn is_constraint_violation(&self) -> bool {
+        constraint(self).is_some()
+    }
+
+    fn code(&self) -> Option<String> {
+        Some(coded(self)?.code())
+    }
+
+    fn code_name(&self) -> Option<&'static str> {
+        Some(coded(self)?.name()).filter(|name| !name.is_empty())
+    }
 }
 
 /// What [`DbError`](crate::DbError)'s tracing events say of a libsql error that carries a

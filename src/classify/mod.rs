@@ -111,6 +111,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 mod chain;
+mod driver;
 #[cfg(feature = "libsql")]
 mod libsql;
 mod mysql;
@@ -182,6 +183,32 @@ macro_rules! sqlx_binding {
             }
         }
 
+        impl super::driver::Sealed for sqlx::Error {}
+
+        impl super::DriverError for sqlx::Error {
+            fn retryable(&self) -> Option<Retryable> {
+                classify_error(self)
+            }
+
+            fn is_constraint_violation(&self) -> bool {
+                constraint_of(self).is_some()
+            }
+
+            fn code(&self) -> Option<String> {
+                let sqlx::Error::Database(db) = self else {
+                    return None;
+                };
+                Some(coded(db.as_ref()).code()).filter(|code| !code.is_empty())
+            }
+
+            fn code_name(&self) -> Option<&'static str> {
+                let sqlx::Error::Database(db) = self else {
+                    return None;
+                };
+                Some(coded(db.as_ref()).name()).filter(|name| !name.is_empty())
+            }
+        }
+
         /// What [`DbError`](crate::DbError)'s tracing events say of a sqlx database error.
         pub(super) fn database_detail(
             error: &(dyn std::error::Error + Send + Sync + 'static),
@@ -211,16 +238,18 @@ mod sqlx;
 mod sqlx08;
 
 pub use self::chain::{classify_error_chain, tag_retryable};
+pub use self::driver::{DriverError, DriverErrors, classify, is_constraint_violation};
 #[cfg(feature = "libsql")]
+#[allow(deprecated)]
 pub use self::libsql::{LibsqlErrors, classify_libsql, is_constraint_violation_libsql};
 pub use self::mysql::{classify_mysql_code, mysql_code_name};
 pub use self::postgres::{classify_postgres_code, postgres_code_name};
 #[cfg(feature = "rusqlite")]
+#[allow(deprecated)]
 pub use self::rusqlite::{RusqliteErrors, classify_rusqlite, is_constraint_violation_rusqlite};
 pub use self::sqlite::{classify_sqlite_code, sqlite_code_name};
-#[cfg(feature = "sqlx")]
-pub use self::sqlx::{classify, is_constraint_violation};
 #[cfg(feature = "sqlx-0_8")]
+#[allow(deprecated)]
 pub use self::sqlx08::{classify_sqlx_0_8, is_constraint_violation_sqlx_0_8};
 
 #[cfg(feature = "libsql")]
@@ -574,54 +603,45 @@ impl<E> ClassifyError<E> for NeverRetryErrors {
     }
 }
 
-/// An error classifier for services whose error is, or boxes, a sqlx error: runs [`classify`]
-/// on a sqlx 0.9 error (feature `sqlx`) and `classify_sqlx_0_8` on a sqlx 0.8 one (feature
-/// `sqlx-0_8`), whichever are on.
-///
-/// ```
-/// use tower_sqlite_retry::{ClassifyError, SqlxErrors};
-///
-/// # #[cfg(feature = "sqlx")] {
-/// let boxed: tower::BoxError = Box::new(sqlx::Error::PoolTimedOut);
-/// assert_eq!(SqlxErrors.classify_error(&boxed).unwrap().name(), "POOL_TIMED_OUT");
-/// assert!(SqlxErrors.classify_error(&sqlx::Error::RowNotFound).is_none());
-/// # }
-/// # #[cfg(feature = "sqlx-0_8")] {
-/// let boxed: tower::BoxError = Box::new(sqlx_0_8::Error::PoolTimedOut);
-/// assert_eq!(SqlxErrors.classify_error(&boxed).unwrap().name(), "POOL_TIMED_OUT");
-/// # }
-/// let other: tower::BoxError = "not a database error".into();
-/// assert!(SqlxErrors.classify_error(&other).is_none());
-/// ```
+/// An error classifier for services whose error is, or boxes, a sqlx error (0.9 or 0.8):
+/// deprecated, use [`DriverErrors`], one classifier for every driver (it also finds the
+/// driver's error anywhere in a boxed error's `source()` chain).
 #[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "sqlx", feature = "sqlx-0_8"))))]
 #[derive(Clone, Copy, Debug, Default)]
+#[deprecated(
+    since = "0.1.0",
+    note = "use `classify::DriverErrors`: one classifier for every driver"
+)]
 pub struct SqlxErrors;
 
 #[cfg(feature = "sqlx")]
+#[allow(deprecated)]
 impl ClassifyError<::sqlx::Error> for SqlxErrors {
     fn classify_error(&self, error: &::sqlx::Error) -> Option<Retryable> {
-        classify(error)
+        error.retryable()
     }
 }
 
 #[cfg(feature = "sqlx-0_8")]
+#[allow(deprecated)]
 impl ClassifyError<sqlx_0_8::Error> for SqlxErrors {
     fn classify_error(&self, error: &sqlx_0_8::Error) -> Option<Retryable> {
-        classify_sqlx_0_8(error)
+        error.retryable()
     }
 }
 
 #[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]
+#[allow(deprecated)]
 impl ClassifyError<tower::BoxError> for SqlxErrors {
     fn classify_error(&self, error: &tower::BoxError) -> Option<Retryable> {
         #[cfg(feature = "sqlx")]
         if let Some(error) = error.downcast_ref::<::sqlx::Error>() {
-            return classify(error);
+            return error.retryable();
         }
         #[cfg(feature = "sqlx-0_8")]
         if let Some(error) = error.downcast_ref::<sqlx_0_8::Error>() {
-            return classify_sqlx_0_8(error);
+            return error.retryable();
         }
         None
     }

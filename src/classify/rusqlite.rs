@@ -14,77 +14,53 @@
 //! turned on: the application's own rusqlite decides bundled or system SQLite, and the two
 //! unify into one rusqlite (there can be only one, `links = "sqlite3"`).
 
-use super::{Backend, ClassifyError, Coded, Constraint, Retryable};
+use super::{Backend, ClassifyError, Coded, Constraint, DriverError, Retryable};
 
-/// Whether a rusqlite error is worth replaying the whole request for, and why: the extended
-/// result code of an `Error::SqliteFailure`, through SQLite's table
-/// ([`classify_sqlite_code`](crate::classify_sqlite_code): `SQLITE_BUSY` and its extended
-/// codes, `SQLITE_LOCKED_SHAREDCACHE`, `SQLITE_PROTOCOL`, the unlock-notify deadlock victim).
-/// Every other error, and every other code, is `None`.
-///
-/// rusqlite opens connections with a busy timeout of 5 s, which covers statements outside a
-/// transaction; inside a deferred transaction (`conn.transaction()`), `SQLITE_BUSY` and
-/// `SQLITE_BUSY_SNAPSHOT` come at once whatever the timeout, and only a re-run of the whole
-/// transaction cures them: the replay.
-///
-/// ```
-/// use rusqlite::ffi;
-/// use tower_sqlite_retry::classify_rusqlite;
-///
-/// let busy = rusqlite::Error::SqliteFailure(ffi::Error::new(ffi::SQLITE_BUSY_SNAPSHOT), None);
-/// assert_eq!(classify_rusqlite(&busy).unwrap().name(), "SQLITE_BUSY_SNAPSHOT");
-/// assert!(classify_rusqlite(&rusqlite::Error::QueryReturnedNoRows).is_none());
-/// ```
+/// Whether a rusqlite error is worth replaying the whole request for: deprecated, the same as
+/// [`classify`](fn@crate::classify) (and [`DriverError::retryable`](super::DriverError::retryable)), one function for every driver.
 #[cfg_attr(docsrs, doc(cfg(feature = "rusqlite")))]
+#[deprecated(
+    since = "0.1.0",
+    note = "use `tower_sqlite_retry::classify` (or `DriverError::retryable`): one function for every driver"
+)]
 pub fn classify_rusqlite(error: &rusqlite::Error) -> Option<Retryable> {
-    coded(error)?.classify()
+    error.retryable()
 }
 
-/// Whether a rusqlite error is a constraint violation (any `SQLITE_CONSTRAINT_*`): never
-/// replayed, and answered by [`DbError`](crate::DbError) per kind: `409` for unique, primary
-/// key and foreign key violations, `422` for NOT NULL and CHECK, `500` for DATATYPE (see the
-/// [`classify`](mod@crate::classify) module's SQLite table).
-///
-/// ```
-/// use rusqlite::ffi;
-/// use tower_sqlite_retry::is_constraint_violation_rusqlite;
-///
-/// let unique = ffi::Error::new(ffi::SQLITE_CONSTRAINT_UNIQUE);
-/// assert!(is_constraint_violation_rusqlite(&rusqlite::Error::SqliteFailure(unique, None)));
-/// let busy = ffi::Error::new(ffi::SQLITE_BUSY);
-/// assert!(!is_constraint_violation_rusqlite(&rusqlite::Error::SqliteFailure(busy, None)));
-/// ```
+/// Whether a rusqlite error is a constraint violation: deprecated, the same as
+/// [`DriverError::is_constraint_violation`](super::DriverError::is_constraint_violation).
 #[cfg_attr(docsrs, doc(cfg(feature = "rusqlite")))]
+#[deprecated(
+    since = "0.1.0",
+    note = "use `DriverError::is_constraint_violation` (or `classify::is_constraint_violation`): one for every driver"
+)]
 pub fn is_constraint_violation_rusqlite(error: &rusqlite::Error) -> bool {
-    constraint(error).is_some()
+    error.is_constraint_violation()
 }
 
-/// An error classifier for services whose error is, or boxes, a `rusqlite::Error`: runs
-/// [`classify_rusqlite`] on it.
-///
-/// ```
-/// use rusqlite::ffi;
-/// use tower_sqlite_retry::{ClassifyError, RusqliteErrors};
-///
-/// let busy = rusqlite::Error::SqliteFailure(ffi::Error::new(ffi::SQLITE_BUSY), None);
-/// let boxed: tower::BoxError = Box::new(busy);
-/// assert_eq!(RusqliteErrors.classify_error(&boxed).unwrap().code(), "5");
-/// ```
+/// An error classifier for services whose error is, or boxes, a `rusqlite::Error`: deprecated,
+/// use [`DriverErrors`](super::DriverErrors), one classifier for every driver.
 #[cfg_attr(docsrs, doc(cfg(feature = "rusqlite")))]
 #[derive(Clone, Copy, Debug, Default)]
+#[deprecated(
+    since = "0.1.0",
+    note = "use `classify::DriverErrors`: one classifier for every driver"
+)]
 pub struct RusqliteErrors;
 
+#[allow(deprecated)]
 impl ClassifyError<rusqlite::Error> for RusqliteErrors {
     fn classify_error(&self, error: &rusqlite::Error) -> Option<Retryable> {
-        classify_rusqlite(error)
+        error.retryable()
     }
 }
 
+#[allow(deprecated)]
 impl ClassifyError<tower::BoxError> for RusqliteErrors {
     fn classify_error(&self, error: &tower::BoxError) -> Option<Retryable> {
         error
             .downcast_ref::<rusqlite::Error>()
-            .and_then(classify_rusqlite)
+            .and_then(DriverError::retryable)
     }
 }
 
@@ -101,6 +77,26 @@ fn coded(error: &rusqlite::Error) -> Option<Coded<'_>> {
             message: message.as_deref().unwrap_or_default(),
         }),
         _ => None,
+    }
+}
+
+impl super::driver::Sealed for rusqlite::Error {}
+
+impl DriverError for rusqlite::Error {
+    fn retryable(&self) -> Option<Retryable> {
+        coded(self)?.classify()
+    }
+
+    fn is_constraint_violation(&self) -> bool {
+        constraint(self).is_some()
+    }
+
+    fn code(&self) -> Option<String> {
+        Some(coded(self)?.code())
+    }
+
+    fn code_name(&self) -> Option<&'static str> {
+        Some(coded(self)?.name()).filter(|name| !name.is_empty())
     }
 }
 

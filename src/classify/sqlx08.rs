@@ -17,61 +17,24 @@ use sqlx::error::{DatabaseError, ErrorKind};
 use super::sqlite::sqlx_sqlite_code;
 use super::{Backend, Coded, Constraint, Retryable};
 
-/// Whether a sqlx 0.8 error is worth replaying the whole request for, and why.
-///
-/// Returns the marker to insert into the response extensions, or `None` for errors that a
-/// replay would only repeat (constraints, I/O, corruption, same-connection locks, ...).
-///
-/// The error's database decides which table applies: SQLite's always (no feature needed beyond
-/// `sqlx`: the SQLite driver is the application's, bundled or not), PostgreSQL's with the
-/// `postgres` feature, MySQL's with `mysql`. An error from a database whose feature is off is
-/// never retryable. Whatever the database:
-///
-/// | condition | retry |
-/// |---|---|
-/// | `sqlx::Error::PoolTimedOut` | yes |
-/// | `PoolClosed`, `WorkerCrashed`, `Io`, `Tls`, `Protocol`, `RowNotFound`, decoding, ... | no |
-///
-/// The tables, shared with every other driver: SQLite's extended result codes in
-/// [`classify_sqlite_code`](crate::classify_sqlite_code) (`SQLITE_BUSY` and its extended codes,
-/// `SQLITE_LOCKED_SHAREDCACHE`, `SQLITE_PROTOCOL`, the unlock-notify deadlock victim),
-/// PostgreSQL's SQLSTATEs in [`classify_postgres_code`](crate::classify_postgres_code) (`40001`,
-/// `40P01`; not `55P03`, and why), MySQL's error numbers in
-/// [`classify_mysql_code`](crate::classify_mysql_code) (`1213`, `1205`, `1020`, `3101`, and why).
-///
-/// This is `classify` for sqlx 0.8 (see there for an example that adds
-/// `55P03`): the same tables, the same answers.
-///
-/// ```
-/// use sqlx_0_8 as sqlx; // in an application on sqlx 0.8, just `sqlx`
-/// use tower_sqlite_retry::classify_sqlx_0_8;
-///
-/// let marker = classify_sqlx_0_8(&sqlx::Error::PoolTimedOut).unwrap();
-/// assert_eq!(marker.name(), "POOL_TIMED_OUT");
-/// assert!(classify_sqlx_0_8(&sqlx::Error::RowNotFound).is_none());
-/// ```
+/// Whether a sqlx 0.8 error is worth replaying the whole request for: deprecated, the same as
+/// [`classify`](fn@crate::classify) (and [`DriverError::retryable`](super::DriverError::retryable)), one function for every driver.
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx-0_8")))]
+#[deprecated(
+    since = "0.1.0",
+    note = "use `tower_sqlite_retry::classify` (or `DriverError::retryable`): one function for every driver"
+)]
 pub fn classify_sqlx_0_8(error: &sqlx::Error) -> Option<Retryable> {
     classify_error(error)
 }
 
-/// Whether a sqlx 0.8 error is a constraint violation (unique, primary key, foreign key,
-/// exclusion, not null, check, ...): never replayed, and answered by [`DbError`](crate::DbError)
-/// per kind: `409 Conflict` for unique, primary key, foreign key and exclusion violations (a
-/// conflict with other rows), `422 Unprocessable Content` for NOT NULL and CHECK (the
-/// request's own content), `500` for SQLite's DATATYPE (the server's binding).
-///
-/// The database's table decides (SQLite's extended result codes, PostgreSQL's class `23`,
-/// MySQL's error numbers: see the [`classify`](mod@crate::classify) module's tables); for a
-/// database whose feature is off, sqlx's [`ErrorKind`]. MySQL's SQLSTATE `23000` alone does
-/// not count: it also covers errors the client did not cause (`1052`, an ambiguous column).
-///
-/// ```
-/// # use sqlx_0_8 as sqlx;
-/// # use tower_sqlite_retry::is_constraint_violation_sqlx_0_8;
-/// assert!(!is_constraint_violation_sqlx_0_8(&sqlx::Error::PoolTimedOut));
-/// ```
+/// Whether a sqlx 0.8 error is a constraint violation: deprecated, the same as
+/// [`DriverError::is_constraint_violation`](super::DriverError::is_constraint_violation).
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx-0_8")))]
+#[deprecated(
+    since = "0.1.0",
+    note = "use `DriverError::is_constraint_violation` (or `classify::is_constraint_violation`): one for every driver"
+)]
 pub fn is_constraint_violation_sqlx_0_8(error: &sqlx::Error) -> bool {
     constraint_of(error).is_some()
 }

@@ -104,12 +104,14 @@ impl GroupCommit {
     }
 
     /// The value given to the deprecated [`max_members`](Self::max_members).
+    #[doc(hidden)]
     #[deprecated(since = "0.1.0", note = "no effect")]
     pub fn get_max_members(&self) -> NonZeroUsize {
         self.max_members
     }
 
     /// The value given to the deprecated [`max_held`](Self::max_held).
+    #[doc(hidden)]
     #[deprecated(since = "0.1.0", note = "no effect")]
     pub fn get_max_held(&self) -> Duration {
         self.max_held

@@ -422,6 +422,7 @@ mod turn_tests;
 pub use self::sqlx::{WritePool, WriteTransaction};
 pub use failed::GroupCommitFailed;
 pub use group::GroupCommit;
+pub use pool::WriterConnection;
 pub use queue::{TurnError, WriteQueue, WriteTurn};
 pub use stats::WriteStats;
 pub(crate) use turn::writers_waiting;

@@ -18,6 +18,21 @@ use super::stats::{SLOW_DEFAULT, WriteStats};
 use super::transaction::Transaction;
 use super::turn::Queue;
 
+/// Which connection a `WritePool`'s write transactions begin on.
+///
+/// Given to `WritePool::writer`; the default is [`Own`](Self::Own).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WriterConnection {
+    /// A connection of the `WritePool`'s own, opened when first needed with the application
+    /// pool's connect and pool options, kept outside any pool and handed from one writer to
+    /// the next with no round trip (an in-memory database has none: it takes the pool's).
+    #[default]
+    Own,
+    /// One from the application's pool, taken in the writer's turn, as readers take theirs.
+    FromPool,
+}
+
 /// The write path over a pool of driver `D`. See the public `WritePool`s.
 pub struct WritePool<D: Driver> {
     shared: Arc<Shared<D>>,
@@ -86,8 +101,9 @@ impl<D: Driver> WritePool<D> {
         Self::build(self.shared.pool.clone(), own, slow, group)
     }
 
-    /// The same pool, writing on a connection of its own or not.
-    pub fn writer_connection(self, own: bool) -> Self {
+    /// The same pool, writing on a connection of its own or on the pool's.
+    pub fn writer(self, writer: WriterConnection) -> Self {
+        let own = writer == WriterConnection::Own;
         self.rebuild(own, self.shared.slow, self.shared.group)
     }
 
@@ -279,7 +295,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// The connection a write transaction runs on.
 pub(super) enum Conn<D: Driver> {
-    /// The pool's (`writer_connection(false)`, or an in-memory database).
+    /// The pool's (`WriterConnection::FromPool`, or an in-memory database).
     Pooled(D::Pooled),
     /// The `WritePool`'s own, back to its `Target::writer`.
     Own(D::Connection),

@@ -19,6 +19,7 @@ use sqlx_sqlite::{
 use super::driver::Driver;
 use super::failed::GroupCommitFailed;
 use super::group::GroupCommit;
+use super::pool::WriterConnection;
 use super::stats::WriteStats;
 use super::{pool, transaction};
 use crate::classify::Retryable;
@@ -199,9 +200,9 @@ impl WritePool {
         }
     }
 
-    /// Whether write transactions begin on a connection of this `WritePool`'s own (`true`, the
-    /// default) or take one from the application's pool, as readers do, in their turn
-    /// (`false`).
+    /// Which connection write transactions begin on: one of this `WritePool`'s own
+    /// ([`WriterConnection::Own`], the default) or one from the application's pool, taken as
+    /// readers take theirs, in their turn ([`WriterConnection::FromPool`]).
     ///
     /// The writer connection is opened, when first needed, with the application pool's
     /// connect options (the file, `busy_timeout`, journal mode, pragmas) and pool options
@@ -220,6 +221,7 @@ impl WritePool {
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
     /// use tower_sqlite_retry::WritePool;
+    /// use tower_sqlite_retry::write::WriterConnection;
     ///
     /// # let dir = tempfile::tempdir()?;
     /// let options = SqliteConnectOptions::new()
@@ -228,17 +230,31 @@ impl WritePool {
     ///     .journal_mode(SqliteJournalMode::Wal);
     /// let pool = SqlitePoolOptions::new().max_connections(8).connect_with(options).await?;
     /// // Write transactions take their connection from the pool of 8, as reads do.
-    /// let db = WritePool::new(pool).writer_connection(false);
+    /// let db = WritePool::new(pool).writer(WriterConnection::FromPool);
     /// let mut tx = db.begin().await?;
     /// sqlx::query("CREATE TABLE t (x)").execute(&mut *tx).await?;
     /// tx.commit().await?;
     /// # Ok(())
     /// # }
     /// ```
-    pub fn writer_connection(self, own: bool) -> Self {
+    pub fn writer(self, writer: WriterConnection) -> Self {
         Self {
-            inner: self.inner.writer_connection(own),
+            inner: self.inner.writer(writer),
         }
+    }
+
+    /// Deprecated: [`writer`](Self::writer) with [`WriterConnection::Own`] (`true`) or
+    /// [`WriterConnection::FromPool`] (`false`).
+    #[deprecated(
+        since = "0.1.0",
+        note = "use `.writer(WriterConnection::Own)` or `.writer(WriterConnection::FromPool)`"
+    )]
+    pub fn writer_connection(self, own: bool) -> Self {
+        self.writer(if own {
+            WriterConnection::Own
+        } else {
+            WriterConnection::FromPool
+        })
     }
 
     /// Reports write transactions that hold the turn `slow` or longer (`None`: none); 250 ms
