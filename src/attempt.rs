@@ -16,8 +16,10 @@ use crate::route::Route;
 
 mod in_request;
 mod slot;
+mod turns;
 pub use in_request::{InRequest, in_request};
 use slot::{HoldsSlot, SlotState};
+pub(crate) use turns::TurnsHeld;
 
 /// The synchronization types `slot.rs` uses: std's here, shuttle's in its model test.
 mod sync {
@@ -87,6 +89,8 @@ pub(crate) struct RequestState {
     deadline: OnceLock<Option<Instant>>,
     /// What names the request (method, route template) in tracing, metrics and admission.
     route: Route,
+    /// The write turns the request holds now (set by the write path's `Turn`).
+    turns: TurnsHeld,
 }
 
 impl HoldsSlot for RequestState {
@@ -115,12 +119,18 @@ impl RequestState {
             inner: AtomicU64::new(0),
             deadline: OnceLock::new(),
             route,
+            turns: TurnsHeld::default(),
         }
     }
 
     /// The request's method and route template.
     pub(crate) fn route(&self) -> &Route {
         &self.route
+    }
+
+    /// The write turns the request holds now.
+    pub(crate) fn turns(&self) -> &TurnsHeld {
+        &self.turns
     }
 
     /// Whether the outer layer this request came from already deposited into the same budget
@@ -237,6 +247,21 @@ pub(crate) fn current_request() -> Option<Arc<RequestState>> {
         c.set(current);
         copy
     })
+}
+
+/// Whether the request whose code runs now holds a write transaction open (the turn of a
+/// `WriteTransaction` or a `WriteTurn`): what the classifiers ask of a `SQLITE_BUSY`.
+#[cfg_attr(
+    not(any(
+        feature = "sqlx",
+        feature = "sqlx-0_8",
+        feature = "rusqlite",
+        feature = "libsql"
+    )),
+    allow(dead_code, reason = "the classifiers ask it")
+)]
+pub(crate) fn current_request_holds_a_turn() -> bool {
+    current_request().is_some_and(|request| request.turns.any())
 }
 
 impl Attempt {

@@ -45,6 +45,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker, ready};
 
@@ -56,18 +57,66 @@ use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::metrics::Counters;
+/// The bytes one layer holds in request-body copies now, against its in-flight cap
+/// (`RetryPolicy::max_buffered_bytes`), and the most it ever held: the buffer limit's one
+/// account, read by the layer's metrics.
+#[derive(Debug, Default)]
+pub(crate) struct InFlight {
+    bytes: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl InFlight {
+    /// Reserves `n` more buffered bytes if the total stays within `cap`.
+    fn try_reserve(&self, n: usize, cap: usize) -> bool {
+        let mut cur = self.bytes.load(Relaxed);
+        loop {
+            let Some(next) = cur.checked_add(n).filter(|next| *next <= cap) else {
+                return false;
+            };
+            match self
+                .bytes
+                .compare_exchange_weak(cur, next, Relaxed, Relaxed)
+            {
+                Ok(_) => {
+                    self.peak.fetch_max(next, Relaxed);
+                    crate::recorder::buffered_bytes(isize::try_from(n).unwrap_or(isize::MAX));
+                    return true;
+                }
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    fn release(&self, n: usize) {
+        self.bytes.fetch_sub(n, Relaxed);
+        crate::recorder::buffered_bytes(isize::try_from(n).map_or(isize::MIN, |n| -n));
+    }
+
+    /// The bytes held now.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes.load(Relaxed)
+    }
+
+    /// The most bytes ever held at once.
+    pub(crate) fn peak(&self) -> usize {
+        self.peak.load(Relaxed)
+    }
+}
 
 /// Bytes counted against a layer's in-flight cap; given back on drop (also on panic or
 /// cancellation), so the gauge never leaks.
 pub(crate) struct BufferPermit {
-    counters: Arc<Counters>,
+    in_flight: Arc<InFlight>,
     bytes: usize,
 }
 
 impl BufferPermit {
-    pub(crate) fn new(counters: Arc<Counters>) -> Self {
-        Self { counters, bytes: 0 }
+    pub(crate) fn new(in_flight: Arc<InFlight>) -> Self {
+        Self {
+            in_flight,
+            bytes: 0,
+        }
     }
 
     /// Counts `n` more bytes if the layer's total stays within `cap`.
@@ -75,7 +124,7 @@ impl BufferPermit {
         if n == 0 {
             return true;
         }
-        if !self.counters.try_reserve(n, cap) {
+        if !self.in_flight.try_reserve(n, cap) {
             return false;
         }
         self.bytes += n;
@@ -85,7 +134,7 @@ impl BufferPermit {
     fn shrink(&mut self, n: usize) {
         let n = n.min(self.bytes);
         if n > 0 {
-            self.counters.release(n);
+            self.in_flight.release(n);
             self.bytes -= n;
         }
     }
@@ -155,13 +204,13 @@ struct Held {
 }
 
 impl Held {
-    fn new(counters: Arc<Counters>, caps: Caps, declared: Option<usize>) -> Self {
+    fn new(in_flight: Arc<InFlight>, caps: Caps, declared: Option<usize>) -> Self {
         Self {
             buf: BytesMut::new(),
             len: 0,
             total: 0,
             declared,
-            permit: BufferPermit::new(counters),
+            permit: BufferPermit::new(in_flight),
             caps,
         }
     }
@@ -218,8 +267,8 @@ impl Held {
     /// The count of everything taken or held so far, moved out (to live as long as the bytes
     /// it counts); this copy counts nothing from now on.
     fn take_permit(&mut self) -> BufferPermit {
-        let counters = self.permit.counters.clone();
-        std::mem::replace(&mut self.permit, BufferPermit::new(counters))
+        let in_flight = self.permit.in_flight.clone();
+        std::mem::replace(&mut self.permit, BufferPermit::new(in_flight))
     }
 
     /// Drops the copy and gives its memory back.
@@ -279,13 +328,13 @@ where
 {
     pub(crate) fn new(
         body: B,
-        counters: Arc<Counters>,
+        in_flight: Arc<InFlight>,
         caps: Caps,
         declared: Option<usize>,
     ) -> Self {
         Self {
             body: Some(Box::pin(body)),
-            held: Held::new(counters, caps, declared),
+            held: Held::new(in_flight, caps, declared),
             trailers: None,
         }
     }
@@ -405,7 +454,7 @@ where
     /// (the request is not replayable, `body_too_slow`), and its bytes are given back.
     pub(crate) fn new(
         body: B,
-        counters: Arc<Counters>,
+        in_flight: Arc<InFlight>,
         caps: Caps,
         declared: Option<usize>,
         until: Option<Instant>,
@@ -416,7 +465,7 @@ where
                 record_timer: None,
                 source: Some(Box::pin(body)),
                 segments: Vec::new(),
-                held: Held::new(counters, caps, declared),
+                held: Held::new(in_flight, caps, declared),
                 trailers: None,
                 lost: None,
                 recording: true,

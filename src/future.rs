@@ -56,9 +56,9 @@ use crate::attempt::{Attempt, Outcome, RequestState, RetryOutcome, with_current}
 use crate::body::{Buffered, Caps, Collected, Collector, NotReplayable, Recording, ReplayBody};
 use crate::classify::{ClassifyError, Retryable};
 use crate::decide::{After, Decision, Verdict, decide, gave_up, invites_retry};
-use crate::layer::Shared;
 use crate::recorder;
 use crate::route::Route;
+use crate::shared::Shared;
 
 /// The longest backoff of a request that holds a writer-admission slot while others queue
 /// behind it, in `base_delay`s.
@@ -316,14 +316,14 @@ where
                 // request's start (as a buffered body is).
                 Source::Recording(Recording::new(
                     body,
-                    shared.counters.clone(),
+                    shared.in_flight.clone(),
                     caps,
                     declared,
                     Instant::now().checked_add(policy.deadline),
                 ))
             } else {
                 Source::Collecting(
-                    Collector::new(body, shared.counters.clone(), caps, declared),
+                    Collector::new(body, shared.in_flight.clone(), caps, declared),
                     // The upload's own deadline, from the request's start.
                     Instant::now().checked_add(policy.deadline),
                 )

@@ -140,7 +140,6 @@ mod decide;
 mod deprecated;
 mod error;
 pub mod future;
-mod layer;
 pub mod metrics;
 pub mod policy;
 #[cfg(feature = "metrics")]
@@ -150,6 +149,7 @@ pub mod recorder;
 mod recorder;
 mod route;
 mod service;
+mod shared;
 pub mod write;
 
 // What a user writes in the README's examples, and the types its signatures need; the rest is
@@ -164,10 +164,9 @@ pub use classify::{
 #[doc(hidden)]
 pub use deprecated::*;
 pub use error::DbError;
-pub use layer::SqliteRetryLayer;
 pub use metrics::RetryMetrics;
 pub use policy::{Jitter, RetryPolicy};
-pub use service::SqliteRetry;
+pub use service::{SqliteRetry, SqliteRetryLayer};
 #[cfg(feature = "sqlite-write")]
 pub use write::{WritePool, WriteTransaction};
 

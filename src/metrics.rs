@@ -6,10 +6,11 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use crate::admission::{AdmissionLimit, Admissions};
 pub use crate::attempt::{Outcome, RetryOutcome};
-use crate::policy::AdmissionLimit;
+use crate::body::InFlight;
 
 /// Number of buckets in [`MetricsSnapshot::attempts_histogram`]; the last one counts that many
 /// attempts or more.
@@ -22,8 +23,6 @@ pub(crate) struct Counters {
     queued: AtomicU64,
     outcomes: [AtomicU64; Outcome::ALL.len()],
     histogram: [AtomicU64; HISTOGRAM_BUCKETS],
-    buffered_bytes: AtomicUsize,
-    peak_buffered_bytes: AtomicUsize,
 }
 
 impl Counters {
@@ -46,32 +45,6 @@ impl Counters {
             self.histogram[bucket].fetch_add(1, Relaxed);
         }
     }
-
-    /// Reserves `n` more buffered bytes if the total stays within `cap`.
-    pub(crate) fn try_reserve(&self, n: usize, cap: usize) -> bool {
-        let mut cur = self.buffered_bytes.load(Relaxed);
-        loop {
-            let Some(next) = cur.checked_add(n).filter(|next| *next <= cap) else {
-                return false;
-            };
-            match self
-                .buffered_bytes
-                .compare_exchange_weak(cur, next, Relaxed, Relaxed)
-            {
-                Ok(_) => {
-                    self.peak_buffered_bytes.fetch_max(next, Relaxed);
-                    crate::recorder::buffered_bytes(isize::try_from(n).unwrap_or(isize::MAX));
-                    return true;
-                }
-                Err(actual) => cur = actual,
-            }
-        }
-    }
-
-    pub(crate) fn release(&self, n: usize) {
-        self.buffered_bytes.fetch_sub(n, Relaxed);
-        crate::recorder::buffered_bytes(isize::try_from(n).map_or(isize::MIN, |n| -n));
-    }
 }
 
 /// A handle on a layer's counters, shared by every clone of the layer and its services.
@@ -87,7 +60,9 @@ impl Counters {
 /// ```
 #[derive(Clone)]
 pub struct RetryMetrics {
-    pub(crate) shared: Arc<crate::layer::Shared>,
+    pub(crate) counters: Arc<Counters>,
+    pub(crate) in_flight: Arc<InFlight>,
+    pub(crate) admissions: Arc<Admissions>,
 }
 
 impl fmt::Debug for RetryMetrics {
@@ -108,12 +83,12 @@ impl RetryMetrics {
     /// assert!(metrics.admission_limits().is_empty());
     /// ```
     pub fn admission_limits(&self) -> Vec<AdmissionLimit> {
-        self.shared.admissions.limits()
+        self.admissions.limits()
     }
 
     /// The counters' values now (each read atomically; together, approximately).
     pub fn snapshot(&self) -> MetricsSnapshot {
-        let c = &self.shared.counters;
+        let c = &self.counters;
         let outcome = |o: Outcome| c.outcomes[o.index()].load(Relaxed);
         MetricsSnapshot {
             requests: c.requests.load(Relaxed),
@@ -129,8 +104,8 @@ impl RetryMetrics {
             non_retryable: outcome(Outcome::NonRetryable),
             cancelled: outcome(Outcome::Cancelled),
             attempts_histogram: std::array::from_fn(|i| c.histogram[i].load(Relaxed)),
-            buffered_bytes: c.buffered_bytes.load(Relaxed),
-            peak_buffered_bytes: c.peak_buffered_bytes.load(Relaxed),
+            buffered_bytes: self.in_flight.bytes(),
+            peak_buffered_bytes: self.in_flight.peak(),
         }
     }
 }

@@ -561,7 +561,7 @@ mod tests {
         let source = include_str!("recorder.rs");
         let start = source.find("//! - `outcome`:").unwrap();
         let end = start + source[start..].find("//! - `error_type`:").unwrap();
-        for outcome in crate::metrics::Outcome::ALL {
+        for outcome in crate::attempt::Outcome::ALL {
             let name = format!("`{}`", outcome.as_str());
             assert!(source[start..end].contains(&name), "{name} missing");
         }

@@ -602,7 +602,8 @@ async fn driver_error_answers_with_the_code_and_its_name() {
     assert_eq!(busy.retryable(), classify(&busy));
     assert_eq!(busy.retryable().unwrap().name(), "SQLITE_BUSY");
 
-    let pool = db.pool(1, Duration::ZERO).await;
+    // Connecting waits out what the busy case's connections may still hold as they close.
+    let pool = db.pool(1, Duration::from_secs(5)).await;
     let unique = unique_violation(&pool, 7).await;
     assert_eq!(unique.code().as_deref(), Some("2067"));
     assert_eq!(unique.code_name(), Some("SQLITE_CONSTRAINT_UNIQUE"));

@@ -65,9 +65,12 @@ mod attempt {
 
     use crate::route::Route;
 
+    pub(crate) use crate::turns::TurnsHeld;
+
     pub(crate) struct RequestState {
         fenced: AtomicBool,
         route: Route,
+        turns: TurnsHeld,
     }
 
     impl RequestState {
@@ -77,11 +80,16 @@ mod attempt {
                 route: Route {
                     method: http::Method::POST,
                 },
+                turns: TurnsHeld::default(),
             }
         }
 
         pub(crate) fn route(&self) -> &Route {
             &self.route
+        }
+
+        pub(crate) fn turns(&self) -> &TurnsHeld {
+            &self.turns
         }
 
         pub(crate) fn fence(&self) {
@@ -163,6 +171,10 @@ mod classify {
         }
     }
 }
+
+// Which turns a request holds: the request core's own file.
+#[path = "../src/attempt/turns.rs"]
+mod turns;
 
 // The write path's files, as they are (their `super::` is this crate's root here).
 #[path = "../src/write/driver.rs"]

@@ -495,7 +495,7 @@ impl Coded<'_> {
 ))]
 pub(crate) fn classify_sqlite_in_request(code: i32, message: &str) -> Option<Retryable> {
     let verdict = classify_sqlite_code(code, message);
-    if verdict.is_some() && code & 0xff == 5 && crate::write::current_request_holds_a_turn() {
+    if verdict.is_some() && code & 0xff == 5 && crate::attempt::current_request_holds_a_turn() {
         tracing::event!(
             target: "tower_sqlite_retry",
             tracing::Level::ERROR,

@@ -442,19 +442,3 @@ pub mod shared {
 mod sync {
     pub(super) use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 }
-
-/// Whether the request being polled on this thread holds a write transaction open (the turn
-/// of some database): a `SQLITE_BUSY` it meets then is its own lock, met by a write outside
-/// that transaction, and a replay would meet it again.
-#[cfg_attr(
-    not(any(
-        feature = "sqlx",
-        feature = "sqlx-0_8",
-        feature = "rusqlite",
-        feature = "libsql"
-    )),
-    allow(dead_code, reason = "the classifiers ask it")
-)]
-pub(crate) fn current_request_holds_a_turn() -> bool {
-    crate::attempt::current_request().is_some_and(|request| turn::held_by(&request))
-}

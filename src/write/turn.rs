@@ -1,9 +1,11 @@
 //! The turn: one in-process FIFO queue per database, and the registry that makes every pool on
 //! one database share it.
 //!
-//! Two facts live here and nowhere else: *which database* a queue serializes (its [`Key`]),
-//! and *which request* holds its turn (the holder, named by the request's state, which the
-//! [`Turn`] keeps alive so that its address cannot be reused while anything names it).
+//! One fact lives here and nowhere else: *which database* a queue serializes (its [`Key`]).
+//! *Which request* holds a turn lives on the request (its `TurnsHeld`, in the request core):
+//! the [`Turn`] names the request there when it is taken and un-names it before the turn goes
+//! on, and keeps its queue alive meanwhile, so that the queue's address (its name there)
+//! cannot be reused while anything names it.
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -18,7 +20,6 @@ use tokio::time::Instant;
 use crate::attempt::RequestState;
 
 use super::stats::{TurnCounts, WriteStats};
-use super::sync::{AtomicUsize, Ordering};
 
 /// The queues by key. Weak: a queue lives as long as a `WritePool` (or a turn) on its database
 /// does; dead entries are swept when a new queue is made.
@@ -45,10 +46,6 @@ pub(crate) struct Queue {
     /// One permit: the turn. tokio's semaphore is FIFO (a released permit goes to the oldest
     /// waiter), and a waiter that gives up (dropped, or past its bound) leaves the line.
     turn: Semaphore,
-    /// Who holds the turn: the address of its request's state, or 0 (no request, nobody, or a
-    /// transaction being rolled back after its request let go). The `Turn` that set it keeps
-    /// the state alive until it clears it.
-    holder: AtomicUsize,
     /// The file, for a file's queue.
     path: Option<PathBuf>,
     /// What the `Private` key is the address of.
@@ -88,7 +85,6 @@ impl Queue {
         };
         let queue = Arc::new(Queue {
             turn: Semaphore::new(1),
-            holder: AtomicUsize::new(0),
             path,
             _anchor: anchor,
             counts: TurnCounts::new(database),
@@ -117,14 +113,20 @@ impl Queue {
         self.counts.snapshot()
     }
 
-    /// Whether nobody holds the turn and nobody is named its holder.
+    /// Whether nobody holds the turn (a `Turn` un-names its request before it gives the turn
+    /// back).
     pub(crate) fn is_free(&self) -> bool {
-        self.turn.available_permits() == 1 && self.holder.load(Ordering::Acquire) == 0
+        self.turn.available_permits() == 1
     }
 
-    /// Whether `request` holds the turn now.
+    /// This queue's name in a request's [`TurnsHeld`](crate::attempt::TurnsHeld).
+    fn id(&self) -> usize {
+        std::ptr::from_ref(self) as usize
+    }
+
+    /// Whether `request` holds the turn now: its own state says (the one place that does).
     pub(crate) fn is_held_by(&self, request: Option<&Arc<RequestState>>) -> bool {
-        request.is_some_and(|r| self.holder.load(Ordering::Acquire) == address(r))
+        request.is_some_and(|r| r.turns().holds(self.id()))
     }
 
     /// Waits for the turn, in arrival order, until `until()` (asked only if the turn is not
@@ -154,39 +156,21 @@ impl Queue {
         // NOTE: from here to the `Turn` there is no await: the permit cannot be lost between.
         // The `Turn` gives it back (once, in its `Drop`).
         permit.forget();
-        self.holder
-            .store(request.as_ref().map_or(0, address), Ordering::Release);
+        if let Some(request) = &request {
+            request.turns().name(self.id());
+        }
         let taken = self
             .counts
             .taken(request.as_deref().map(RequestState::route), waited);
         Some(Turn {
             queue: Arc::clone(self),
+            named: request.is_some(),
             request,
             taken,
             waited,
             slow,
         })
     }
-}
-
-/// A request's name in a queue's `holder`.
-fn address(request: &Arc<RequestState>) -> usize {
-    Arc::as_ptr(request) as usize
-}
-
-/// Whether `request` holds the turn of any database in this process now (it has a write
-/// transaction open). Walks the registry: for the error path only.
-#[cfg_attr(
-    not(any(
-        feature = "sqlx",
-        feature = "sqlx-0_8",
-        feature = "rusqlite",
-        feature = "libsql"
-    )),
-    allow(dead_code, reason = "the classifiers ask it")
-)]
-pub(crate) fn held_by(request: &Arc<RequestState>) -> bool {
-    any_queue(|queue| queue.is_held_by(Some(request)))
 }
 
 /// Whether a writer waits for a write turn of any database in this
@@ -217,9 +201,11 @@ impl fmt::Debug for Queue {
 /// to the next in line.
 pub(crate) struct Turn {
     queue: Arc<Queue>,
-    /// The request the turn was taken for: named in the queue's `holder` until it lets go
-    /// ([`release_request`](Turn::release_request)), kept alive at least that long.
+    /// The request the turn was taken for: named in its [`TurnsHeld`](crate::attempt::TurnsHeld)
+    /// until it lets go ([`release_request`](Turn::release_request)).
     request: Option<Arc<RequestState>>,
+    /// Whether the request is still named the holder.
+    named: bool,
     taken: std::time::Instant,
     waited: Duration,
     /// Past which time held it is reported slow (`None`: never).
@@ -241,16 +227,17 @@ impl Turn {
     /// request may queue for the turn again, behind that rollback, instead of being told it
     /// already holds it.
     pub(crate) fn release_request(&mut self) {
-        if self.request.is_some() {
-            self.queue.holder.store(0, Ordering::Release);
+        if let Some(request) = self.request.as_ref().filter(|_| self.named) {
+            request.turns().unname(self.queue.id());
+            self.named = false;
         }
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        // NOTE: the holder is cleared while the request's state is alive (a field of `self`,
-        // dropped after this body), and the counts are settled before the permit goes to the
+        // NOTE: the request is un-named before the turn goes to the next in line (so that the
+        // queue is never free with a holder named), and the counts are settled before the permit goes to the
         // next in line (who sets them again); the metrics and the WARN come after.
         self.release_request();
         let held = self.queue.counts.given_back(self.taken);

@@ -68,15 +68,38 @@ async fn a_request_named_by_a_turn_is_never_confused_with_another() {
     drop(first);
     let later = Arc::new(request(1));
     assert!(!queue.is_held_by(Some(&later)));
-    assert!(!held_by(&later));
+    assert!(!later.turns().any());
     drop(turn);
     let turn = queue
         .take(Some(later.clone()), None, || None)
         .await
         .unwrap();
-    assert!(held_by(&later));
+    assert!(later.turns().any());
     drop(turn);
-    assert!(!held_by(&later));
+    assert!(!later.turns().any());
+}
+
+/// A turn's `Drop` after its request let go un-names nothing more: the request, queued again
+/// and holding the turn anew, stays its holder.
+#[tokio::test]
+async fn a_turn_let_go_of_does_not_un_name_its_request_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Queue::of_file(&dir.path().join("a.db"));
+    let b = Queue::of_file(&dir.path().join("b.db"));
+    let request = Arc::new(request(1));
+    let mut first = a.take(Some(request.clone()), None, || None).await.unwrap();
+    let second = b.take(Some(request.clone()), None, || None).await.unwrap();
+    assert!(a.is_held_by(Some(&request)) && b.is_held_by(Some(&request)));
+    first.release_request();
+    assert!(!a.is_held_by(Some(&request)));
+    assert!(
+        b.is_held_by(Some(&request)),
+        "the other database's turn is still held"
+    );
+    drop(first);
+    assert!(b.is_held_by(Some(&request)));
+    drop(second);
+    assert!(!request.turns().any());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

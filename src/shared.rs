@@ -1,0 +1,66 @@
+//! [`Shared`]: what every clone of one layer and the services it builds share.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+
+use crate::admission::Admissions;
+use crate::body::InFlight;
+use crate::metrics::{Counters, RetryMetrics};
+use crate::policy::{ReadLimit, RetryPolicy};
+
+/// State shared by every clone of one layer and the services it builds.
+pub(crate) struct Shared {
+    pub(crate) policy: RetryPolicy,
+    pub(crate) counters: Arc<Counters>,
+    /// The bytes held in request-body copies, against `policy.max_buffered_bytes`.
+    pub(crate) in_flight: Arc<InFlight>,
+    /// The replay gate's permits (`RetryPolicy::replay_gate`).
+    pub(crate) gate: Option<Arc<Semaphore>>,
+    /// The read limit's places (`SqliteRetryLayer::limit_reads_while_writers_wait`), and the
+    /// longest a read waits for one.
+    pub(crate) reads: Option<Arc<Semaphore>>,
+    pub(crate) read_wait: Duration,
+    pub(crate) admissions: Arc<Admissions>,
+}
+
+impl Shared {
+    /// A new layer's state, for a policy already validated.
+    pub(crate) fn new(policy: RetryPolicy) -> Self {
+        let gate = policy.replay_gate.map(|n| Arc::new(Semaphore::new(n)));
+        let reads = policy.read_limit.map(|n| Arc::new(Semaphore::new(n.get())));
+        Self {
+            admissions: Arc::new(Admissions::new(policy.admission)),
+            read_wait: policy.read_wait,
+            policy,
+            counters: Arc::default(),
+            in_flight: Arc::default(),
+            gate,
+            reads,
+        }
+    }
+
+    /// The same state (counters, buffer account, replay gate, admission shared with this
+    /// one), with a read limit of its own.
+    pub(crate) fn with_read_limit(&self, limit: ReadLimit) -> Self {
+        Self {
+            policy: self.policy.clone(),
+            counters: self.counters.clone(),
+            in_flight: self.in_flight.clone(),
+            gate: self.gate.clone(),
+            reads: Some(Arc::new(Semaphore::new(limit.reads().get()))),
+            read_wait: limit.wait(),
+            admissions: self.admissions.clone(),
+        }
+    }
+
+    /// A handle on the counters.
+    pub(crate) fn metrics(&self) -> RetryMetrics {
+        RetryMetrics {
+            counters: self.counters.clone(),
+            in_flight: self.in_flight.clone(),
+            admissions: self.admissions.clone(),
+        }
+    }
+}
