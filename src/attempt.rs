@@ -19,7 +19,7 @@ mod slot;
 mod turns;
 pub use in_request::{InRequest, in_request};
 use slot::{HoldsSlot, SlotState};
-pub(crate) use turns::TurnsHeld;
+pub(crate) use turns::{TurnsHeld, register_writers_waiting, writers_waiting};
 
 /// The synchronization types `slot.rs` uses: std's here, shuttle's in its model test.
 mod sync {

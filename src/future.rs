@@ -532,7 +532,7 @@ where
             && let Some(reads) = &self.shared.reads
             && self.request.outer().is_none()
             && matches!(self.request.route().method, Method::GET | Method::HEAD)
-            && crate::write::writers_waiting()
+            && crate::attempt::writers_waiting()
         {
             pending.read_checked = true;
             Some((reads, Some(self.shared.read_wait)))

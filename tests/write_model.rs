@@ -65,7 +65,7 @@ mod attempt {
 
     use crate::route::Route;
 
-    pub(crate) use crate::turns::TurnsHeld;
+    pub(crate) use crate::turns::{TurnsHeld, register_writers_waiting};
 
     pub(crate) struct RequestState {
         fenced: AtomicBool,

@@ -51,3 +51,26 @@ impl TurnsHeld {
         !self.queues().is_empty()
     }
 }
+
+/// How the write path says whether a writer waits for a write turn of any database in this
+/// process now; registered by the write path when it makes its first queue. The fact lives in
+/// the write path's queues; the request core only carries the question to them, so that the
+/// layer (whose read limit asks it) and the write path never import each other.
+static WRITERS_WAITING: std::sync::OnceLock<fn() -> bool> = std::sync::OnceLock::new();
+
+/// The write path registers its answer to [`writers_waiting`] (once; later calls change
+/// nothing).
+#[allow(
+    dead_code,
+    reason = "the write path registers it; the model check has no layer"
+)]
+pub(crate) fn register_writers_waiting(probe: fn() -> bool) {
+    let _ = WRITERS_WAITING.set(probe);
+}
+
+/// Whether a writer waits for a write turn of any database in this process now: what the
+/// layer's read limit asks before a read runs. `false` while no write path was ever used.
+#[allow(dead_code, reason = "the layer asks it; the model check has no layer")]
+pub(crate) fn writers_waiting() -> bool {
+    WRITERS_WAITING.get().is_some_and(|probe| probe())
+}

@@ -4,7 +4,8 @@
 
 use std::error::Error;
 
-use super::Retryable;
+use super::driver::DriverError;
+use super::marker::{ClassifyError, Retryable};
 
 /// Whether an error, or any error in its [`source()`](Error::source) chain, is a retryable
 /// database error, and why: the marker to insert into the response, or `None`.
@@ -125,37 +126,37 @@ fn classify_link(error: &(dyn Error + 'static)) -> Option<Option<Retryable>> {
     }
     #[cfg(feature = "sqlx")]
     if let Some(e) = error.downcast_ref::<::sqlx::Error>() {
-        return Some(super::classify(e));
+        return Some(super::driver::classify(e));
     }
     #[cfg(feature = "sqlx-0_8")]
     if let Some(e) = error.downcast_ref::<sqlx_0_8::Error>() {
-        return Some(super::DriverError::retryable(e));
+        return Some(DriverError::retryable(e));
     }
     #[cfg(feature = "rusqlite")]
     if let Some(e) = error.downcast_ref::<::rusqlite::Error>() {
-        return Some(super::DriverError::retryable(e));
+        return Some(DriverError::retryable(e));
     }
     #[cfg(feature = "libsql")]
     if let Some(e) = error.downcast_ref::<::libsql::Error>() {
-        return Some(super::DriverError::retryable(e));
+        return Some(DriverError::retryable(e));
     }
     // The database error a sqlx error holds, met in place of the sqlx error behind an
     // `#[error(transparent)]` wrapper.
     #[cfg(all(feature = "postgres", feature = "sqlx"))]
     if let Some(e) = error.downcast_ref::<::sqlx::postgres::PgDatabaseError>() {
-        return Some(super::classify_postgres_code(e.code()));
+        return Some(super::postgres::classify_postgres_code(e.code()));
     }
     #[cfg(all(feature = "postgres", feature = "sqlx-0_8"))]
     if let Some(e) = error.downcast_ref::<sqlx_0_8::postgres::PgDatabaseError>() {
-        return Some(super::classify_postgres_code(e.code()));
+        return Some(super::postgres::classify_postgres_code(e.code()));
     }
     #[cfg(all(feature = "mysql", feature = "sqlx"))]
     if let Some(e) = error.downcast_ref::<::sqlx::mysql::MySqlDatabaseError>() {
-        return Some(super::classify_mysql_code(e.number()));
+        return Some(super::mysql::classify_mysql_code(e.number()));
     }
     #[cfg(all(feature = "mysql", feature = "sqlx-0_8"))]
     if let Some(e) = error.downcast_ref::<sqlx_0_8::mysql::MySqlDatabaseError>() {
-        return Some(super::classify_mysql_code(e.number()));
+        return Some(super::mysql::classify_mysql_code(e.number()));
     }
     // sqlx 0.9's `SqliteError` by its type, where this build has it.
     #[cfg(feature = "sqlite-write")]
@@ -165,11 +166,11 @@ fn classify_link(error: &(dyn Error + 'static)) -> Option<Option<Retryable>> {
             .code()
             .as_deref()
             .and_then(super::sqlite::sqlx_sqlite_code)?;
-        return Some(super::classify_sqlite_in_request(code, e.message()));
+        return Some(super::coded::classify_sqlite_in_request(code, e.message()));
     }
     #[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]
     if let Some((code, message)) = sqlx_sqlite_error(error) {
-        return Some(super::classify_sqlite_in_request(code, &message));
+        return Some(super::coded::classify_sqlite_in_request(code, &message));
     }
     None
 }
@@ -194,4 +195,34 @@ fn sqlx_sqlite_error(error: &(dyn Error + 'static)) -> Option<(i32, String)> {
     let display = error.to_string();
     let message = display.strip_prefix(&format!("(code: {code}) "))?;
     (format!("{message:?}") == quoted).then(|| (code, message.to_owned()))
+}
+
+/// An error classifier for plain tower services whose error is a driver's error, or boxes one
+/// anywhere in its `source()` chain ([`classify_error_chain`](super::classify_error_chain)):
+/// for [`SqliteRetryLayer::classify_errors`](crate::SqliteRetryLayer::classify_errors).
+///
+#[cfg_attr(feature = "sqlx", doc = "```")]
+#[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
+/// use tower_sqlite_retry::ClassifyError;
+/// use tower_sqlite_retry::classify::DriverErrors;
+///
+/// assert!(DriverErrors.classify_error(&sqlx::Error::PoolTimedOut).is_some());
+/// let boxed: tower::BoxError = Box::new(sqlx::Error::PoolTimedOut);
+/// assert_eq!(DriverErrors.classify_error(&boxed).unwrap().name(), "POOL_TIMED_OUT");
+/// let other: tower::BoxError = "not a database error".into();
+/// assert!(DriverErrors.classify_error(&other).is_none());
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DriverErrors;
+
+impl<E: DriverError> ClassifyError<E> for DriverErrors {
+    fn classify_error(&self, error: &E) -> Option<Retryable> {
+        error.retryable()
+    }
+}
+
+impl ClassifyError<tower::BoxError> for DriverErrors {
+    fn classify_error(&self, error: &tower::BoxError) -> Option<Retryable> {
+        classify_error_chain(error.as_ref())
+    }
 }

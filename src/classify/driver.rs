@@ -1,11 +1,10 @@
-//! One way to ask any driver's error what it means: the sealed [`DriverError`] trait, the
-//! [`classify`] and [`is_constraint_violation`] functions over it, and the [`DriverErrors`]
-//! classifier for services whose error is one of them.
+//! One way to ask any driver's error what it means: the sealed [`DriverError`] trait, and the
+//! [`classify`] and [`is_constraint_violation`] functions over it.
 //!
 //! Each binding (`sqlx.rs`, `sqlx08.rs`, `rusqlite.rs`, `libsql.rs`) implements the trait for
 //! its driver's error by turning it into a [`Coded`](super::Coded): the tables decide.
 
-use super::{ClassifyError, Retryable};
+use super::marker::Retryable;
 
 /// Keeps [`DriverError`] implemented by this crate only: the tables behind it are this crate's,
 /// and new methods can be added without a breaking release.
@@ -108,34 +107,4 @@ pub fn classify<E: DriverError + ?Sized>(error: &E) -> Option<Retryable> {
 /// ```
 pub fn is_constraint_violation<E: DriverError + ?Sized>(error: &E) -> bool {
     error.is_constraint_violation()
-}
-
-/// An error classifier for plain tower services whose error is a driver's error, or boxes one
-/// anywhere in its `source()` chain ([`classify_error_chain`](super::classify_error_chain)):
-/// for [`SqliteRetryLayer::classify_errors`](crate::SqliteRetryLayer::classify_errors).
-///
-#[cfg_attr(feature = "sqlx", doc = "```")]
-#[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
-/// use tower_sqlite_retry::ClassifyError;
-/// use tower_sqlite_retry::classify::DriverErrors;
-///
-/// assert!(DriverErrors.classify_error(&sqlx::Error::PoolTimedOut).is_some());
-/// let boxed: tower::BoxError = Box::new(sqlx::Error::PoolTimedOut);
-/// assert_eq!(DriverErrors.classify_error(&boxed).unwrap().name(), "POOL_TIMED_OUT");
-/// let other: tower::BoxError = "not a database error".into();
-/// assert!(DriverErrors.classify_error(&other).is_none());
-/// ```
-#[derive(Clone, Copy, Debug, Default)]
-pub struct DriverErrors;
-
-impl<E: DriverError> ClassifyError<E> for DriverErrors {
-    fn classify_error(&self, error: &E) -> Option<Retryable> {
-        error.retryable()
-    }
-}
-
-impl ClassifyError<tower::BoxError> for DriverErrors {
-    fn classify_error(&self, error: &tower::BoxError) -> Option<Retryable> {
-        super::classify_error_chain(error.as_ref())
-    }
 }

@@ -12,7 +12,9 @@
 //! The dependency is declared without default features: it brings libsql's error type, not
 //! its SQLite fork (`libsql-ffi`), which the application's own libsql features decide.
 
-use super::{Backend, ClassifyError, Coded, Constraint, DriverError, Retryable};
+use super::coded::{Backend, Coded};
+use super::driver::DriverError;
+use super::marker::{ClassifyError, Constraint, Detail, Retryable};
 
 /// Whether a libsql error is worth replaying the whole request for: deprecated, the same as
 /// [`classify`](fn@crate::classify) (and [`DriverError::retryable`](super::DriverError::retryable)), one function for every driver.
@@ -104,6 +106,6 @@ impl DriverError for libsql::Error {
 /// SQLite code.
 pub(super) fn database_detail(
     error: &(dyn std::error::Error + Send + Sync + 'static),
-) -> Option<super::Detail> {
+) -> Option<Detail> {
     Some(coded(error.downcast_ref::<libsql::Error>()?)?.detail())
 }

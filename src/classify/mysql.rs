@@ -45,7 +45,7 @@
 //! is safe because the handler's `?` drops the transaction, which rolls the rest back. A handler
 //! that catches `1205` and commits anyway must not ask for a replay.
 
-use super::{Constraint, Retryable};
+use super::marker::{Constraint, Retryable};
 
 /// Classifies a MySQL/MariaDB error number: `1213` ER_LOCK_DEADLOCK, `1205`
 /// ER_LOCK_WAIT_TIMEOUT, `1020` ER_CHECKREAD (MariaDB's snapshot isolation) and `3101`

@@ -21,7 +21,7 @@
 //! downcast to `PgDatabaseError` (the `postgres` feature turns on sqlx's pure-Rust PostgreSQL
 //! driver, no C library, for that type).
 
-use super::{Constraint, Retryable};
+use super::marker::{Constraint, Retryable};
 
 /// Classifies a PostgreSQL SQLSTATE: `40001` serialization_failure and `40P01`
 /// deadlock_detected are retryable, nothing else.

@@ -14,7 +14,9 @@
 //! turned on: the application's own rusqlite decides bundled or system SQLite, and the two
 //! unify into one rusqlite (there can be only one, `links = "sqlite3"`).
 
-use super::{Backend, ClassifyError, Coded, Constraint, DriverError, Retryable};
+use super::coded::{Backend, Coded};
+use super::driver::DriverError;
+use super::marker::{ClassifyError, Constraint, Detail, Retryable};
 
 /// Whether a rusqlite error is worth replaying the whole request for: deprecated, the same as
 /// [`classify`](fn@crate::classify) (and [`DriverError::retryable`](super::DriverError::retryable)), one function for every driver.
@@ -104,6 +106,6 @@ impl DriverError for rusqlite::Error {
 /// SQLite code.
 pub(super) fn database_detail(
     error: &(dyn std::error::Error + Send + Sync + 'static),
-) -> Option<super::Detail> {
+) -> Option<Detail> {
     Some(coded(error.downcast_ref::<rusqlite::Error>()?)?.detail())
 }

@@ -53,7 +53,7 @@
 
 use std::borrow::Cow;
 
-use super::{Constraint, Retryable};
+use super::marker::{Constraint, Retryable};
 
 /// The messages with which SQLite reports a `SQLITE_BUSY` (`5`) caused by the connection
 /// itself, not by another connection (SQLite's `vdbe.c`, `OP_AutoCommit` and `OP_Savepoint`,

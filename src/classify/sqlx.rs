@@ -9,8 +9,9 @@
 
 use sqlx::error::{DatabaseError, ErrorKind};
 
+use super::coded::{Backend, Coded};
+use super::marker::{Constraint, Retryable};
 use super::sqlite::sqlx_sqlite_code;
-use super::{Backend, Coded, Constraint, Retryable};
 
 /// The kind of constraint sqlx's `ErrorKind` says, for a database whose table is not compiled
 /// in (its feature is off).
@@ -29,4 +30,4 @@ pub(crate) fn constraint(error: &sqlx::Error) -> Option<Constraint> {
     constraint_of(error)
 }
 
-super::sqlx_binding!();
+super::sqlx_binding::sqlx_binding!();

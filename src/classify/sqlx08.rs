@@ -14,8 +14,9 @@ use sqlx_0_8 as sqlx;
 
 use sqlx::error::{DatabaseError, ErrorKind};
 
+use super::coded::{Backend, Coded};
+use super::marker::{Constraint, Retryable};
 use super::sqlite::sqlx_sqlite_code;
-use super::{Backend, Coded, Constraint, Retryable};
 
 /// Whether a sqlx 0.8 error is worth replaying the whole request for: deprecated, the same as
 /// [`classify`](fn@crate::classify) (and [`DriverError::retryable`](super::DriverError::retryable)), one function for every driver.
@@ -55,4 +56,4 @@ pub(crate) fn constraint(error: &sqlx::Error) -> Option<Constraint> {
     constraint_of(error)
 }
 
-super::sqlx_binding!();
+super::sqlx_binding::sqlx_binding!();

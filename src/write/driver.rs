@@ -131,7 +131,7 @@ pub trait Driver: Send + Sync + Sized + 'static {
     /// fsyncs the file at `path` (a WAL), off the runtime's threads.
     fn sync_file(path: PathBuf) -> impl Future<Output = io::Result<()>> + Send {
         async move {
-            tokio::task::spawn_blocking(move || super::group::sync_now(&path))
+            tokio::task::spawn_blocking(move || sync_now(&path))
                 .await
                 .unwrap_or_else(|joined| Err(io::Error::other(joined)))
         }
@@ -145,5 +145,16 @@ pub trait Driver: Send + Sync + Sized + 'static {
     /// Runs `task` in the background (called only when [`can_spawn`](Driver::can_spawn)).
     fn spawn(task: impl Future<Output = ()> + Send + 'static) {
         tokio::runtime::Handle::current().spawn(task);
+    }
+}
+
+/// fsyncs the file at `path` (its data, and the size that reads it need). A WAL that is gone
+/// was checkpointed and deleted by the last connection that closed, which synced the database
+/// first: nothing is left to sync.
+pub(crate) fn sync_now(path: &std::path::Path) -> io::Result<()> {
+    match std::fs::File::open(path) {
+        Ok(file) => file.sync_data(),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(error) => Err(error),
     }
 }

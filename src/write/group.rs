@@ -326,7 +326,9 @@ impl Pending {
     pub(super) async fn durable(self) -> Result<(), GroupCommitFailed> {
         let told = match self.told.await {
             Ok(told) => told.map_err(|(group, error)| (format!("group {group}: "), error)),
-            Err(_) => sync_now(&self.wal).map_err(|error| (String::new(), Arc::new(error))),
+            Err(_) => {
+                super::driver::sync_now(&self.wal).map_err(|error| (String::new(), Arc::new(error)))
+            }
         };
         told.map_err(|(group, error)| {
             GroupCommitFailed::new(
@@ -337,16 +339,5 @@ impl Pending {
                 ),
             )
         })
-    }
-}
-
-/// fsyncs the file at `path` (its data, and the size that reads it need). A WAL that is gone
-/// was checkpointed and deleted by the last connection that closed, which synced the database
-/// first: nothing is left to sync.
-pub(crate) fn sync_now(path: &Path) -> io::Result<()> {
-    match std::fs::File::open(path) {
-        Ok(file) => file.sync_data(),
-        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(error) => Err(error),
     }
 }

@@ -425,7 +425,6 @@ pub use group::GroupCommit;
 pub use pool::WriterConnection;
 pub use queue::{TurnError, WriteQueue, WriteTurn};
 pub use stats::WriteStats;
-pub(crate) use turn::writers_waiting;
 
 /// The one implementation of the write path, generic over the driver: what
 /// `tower-sqlite-retry-sqlx08` builds sqlx 0.8's `WritePool` on. Not a public API: it may

@@ -15,7 +15,6 @@ use super::driver::Driver;
 use super::gate::CommitGate;
 use super::group::{GroupCommit, Syncs};
 use super::stats::{SLOW_DEFAULT, WriteStats};
-use super::transaction::Transaction;
 use super::turn::Queue;
 
 /// Which connection a `WritePool`'s write transactions begin on.
@@ -137,9 +136,9 @@ impl<D: Driver> WritePool<D> {
         }
     }
 
-    /// Waits for the turn, then begins `IMMEDIATE` (see [`Transaction::begin`]).
-    pub async fn begin(&self) -> Result<Transaction<D>, D::Error> {
-        Transaction::begin(&self.shared).await
+    /// What every clone of this pool shares (a transaction begins from it).
+    pub(super) fn shared(&self) -> &Arc<Shared<D>> {
+        &self.shared
     }
 
     /// The pool.

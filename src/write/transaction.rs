@@ -50,8 +50,17 @@ use crate::attempt::{RequestState, current_request};
 use super::driver::Driver;
 use super::gate::CommitGate;
 use super::group::{NORMAL, Syncs};
-use super::pool::{Conn, Shared};
+use super::pool::{Conn, Shared, WritePool};
 use super::turn::Turn;
+
+// A write transaction begins from the pool: here, so that the pool knows nothing of the
+// transaction built on it.
+impl<D: Driver> WritePool<D> {
+    /// Waits for the turn, then begins `IMMEDIATE` (see [`Transaction::begin`]).
+    pub async fn begin(&self) -> Result<Transaction<D>, D::Error> {
+        Transaction::begin(self.shared()).await
+    }
+}
 
 /// A write transaction begun `IMMEDIATE` in its turn. See the public `WriteTransaction`s.
 pub struct Transaction<D: Driver> {

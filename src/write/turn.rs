@@ -74,6 +74,7 @@ impl Queue {
         path: Option<PathBuf>,
         anchor: Option<Arc<dyn Any + Send + Sync>>,
     ) -> Arc<Queue> {
+        crate::attempt::register_writers_waiting(writers_waiting);
         let mut queues = queues();
         if let Some(queue) = queues.get(&key).and_then(Weak::upgrade) {
             return queue;
@@ -173,10 +174,11 @@ impl Queue {
     }
 }
 
-/// Whether a writer waits for a write turn of any database in this
-/// process now: what the layer's read limit asks before a read runs. Walks the registry (one
-/// lock, a handful of queues); the queues' counts say it, nothing else keeps it.
-pub(crate) fn writers_waiting() -> bool {
+/// Whether a writer waits for a write turn of any database in this process now: what the
+/// layer's read limit asks before a read runs (through the request core, where the first
+/// queue registers this function). Walks the registry (one lock, a handful of queues); the
+/// queues' counts say it, nothing else keeps it.
+fn writers_waiting() -> bool {
     any_queue(|queue| queue.counts.has_waiting())
 }
 
