@@ -594,10 +594,6 @@ impl Driver for Model {
         ModelError::Group(failure.to_string())
     }
 
-    fn can_spawn() -> bool {
-        true
-    }
-
     fn spawn(task: impl Future<Output = ()> + Send + 'static) {
         drop(shuttle::future::spawn(task));
     }

@@ -3,6 +3,7 @@
 //! ([`classify_sqlite_in_request`]).
 
 use std::borrow::Cow;
+#[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]
 use std::fmt;
 
 use super::marker::{Constraint, Detail, Retryable};

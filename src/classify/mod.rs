@@ -108,6 +108,12 @@
 // `source()` chain through all of them.
 
 mod chain;
+#[cfg(any(
+    feature = "sqlx",
+    feature = "sqlx-0_8",
+    feature = "rusqlite",
+    feature = "libsql"
+))]
 mod coded;
 mod driver;
 #[cfg(feature = "libsql")]
@@ -132,6 +138,18 @@ pub use self::driver::{DriverError, classify, is_constraint_violation};
 #[allow(deprecated)]
 pub use self::libsql::{LibsqlErrors, classify_libsql, is_constraint_violation_libsql};
 pub use self::marker::{ClassifyError, NeverRetryErrors, Retryable};
+#[cfg_attr(
+    not(any(
+        feature = "sqlx",
+        feature = "sqlx-0_8",
+        feature = "rusqlite",
+        feature = "libsql"
+    )),
+    allow(
+        unused_imports,
+        reason = "DbError reads a violation's kind only with a driver"
+    )
+)]
 pub(crate) use self::marker::{Constraint, Detail};
 pub use self::mysql::{classify_mysql_code, mysql_code_name};
 pub use self::postgres::{classify_postgres_code, postgres_code_name};

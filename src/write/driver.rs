@@ -137,14 +137,15 @@ pub trait Driver: Send + Sync + Sized + 'static {
         }
     }
 
-    /// Whether [`spawn`](Driver::spawn) can run a task now (a runtime is current).
-    fn can_spawn() -> bool {
-        tokio::runtime::Handle::try_current().is_ok()
-    }
-
-    /// Runs `task` in the background (called only when [`can_spawn`](Driver::can_spawn)).
+    /// The write path's one spawn site: runs `task` in the background, or drops it unpolled
+    /// when no runtime can run it (none is current, or it is shutting down, which drops the
+    /// task at once). Every task the write path spawns owns a guard that settles what it holds
+    /// by its `Drop`, so a task that never runs still hands its connection and turn on
+    /// (`transaction::Settling`) or lets its waiters go (`group::Running`).
     fn spawn(task: impl Future<Output = ()> + Send + 'static) {
-        tokio::runtime::Handle::current().spawn(task);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(task);
+        }
     }
 }
 

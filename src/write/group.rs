@@ -220,13 +220,9 @@ impl<D: Driver> Syncs<D> {
             batch: Vec::new(),
             done: false,
         };
-        if D::can_spawn() {
-            D::spawn(guard.run());
-        } else {
-            // No runtime: nobody would run the task. Its drop lets go of the waiters, who
-            // sync for themselves (see `Pending::durable`).
-            drop(guard);
-        }
+        // Without a runtime the task is dropped unpolled: the guard's drop lets go of the
+        // waiters, who sync for themselves (see `Pending::durable`).
+        D::spawn(guard.run());
     }
 
     /// Test seam: while `held`, no fsync starts, and every transaction shares it (commits at

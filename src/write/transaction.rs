@@ -405,18 +405,46 @@ fn finish<D: Driver>(held: Held<D>) {
     } = held;
     D::start_rollback(&mut conn);
     turn.release_request();
-    if !D::can_spawn() {
-        home.give_back(conn, false);
-        return;
-    }
     let bound = bound(None, D::acquire_timeout(&home.pool));
+    let mut settling = Settling {
+        conn: Some(conn),
+        turn: Some(turn),
+        home,
+    };
     D::spawn(async move {
-        let settled =
-            async { D::ping(&mut conn).await.is_ok() && roll_back_all::<D>(&mut conn).await };
+        let Some(conn) = settling.conn.as_mut() else {
+            return;
+        };
+        let settled = async { D::ping(conn).await.is_ok() && roll_back_all::<D>(conn).await };
         let clean = within(bound, settled).await == Some(true);
-        home.give_back(conn, clean);
-        drop(turn);
+        settling.settle(clean);
     });
+}
+
+/// A dropped transaction's connection and turn, settled once: by the task that rolls the
+/// connection back (clean, or not within its bound), or, when that task never runs (no
+/// runtime, or one shutting down) or is dropped midway, by this guard's `Drop`, which hands
+/// the connection back as not clean (detached from its pool, or closed) and the turn on.
+struct Settling<D: Driver> {
+    conn: Option<Conn<D>>,
+    turn: Option<Turn>,
+    home: Arc<Shared<D>>,
+}
+
+impl<D: Driver> Settling<D> {
+    fn settle(&mut self, clean: bool) {
+        if let Some(conn) = self.conn.take() {
+            self.home.give_back(conn, clean);
+        }
+        // The turn goes on once the connection is back.
+        drop(self.turn.take());
+    }
+}
+
+impl<D: Driver> Drop for Settling<D> {
+    fn drop(&mut self) {
+        self.settle(false);
+    }
 }
 
 /// Rolls back every level still open (acknowledged); whether the connection is at depth 0.
