@@ -251,15 +251,7 @@ pub(crate) fn current_request() -> Option<Arc<RequestState>> {
 
 /// Whether the request whose code runs now holds a write transaction open (the turn of a
 /// `WriteTransaction` or a `WriteTurn`): what the classifiers ask of a `SQLITE_BUSY`.
-#[cfg_attr(
-    not(any(
-        feature = "sqlx",
-        feature = "sqlx-0_8",
-        feature = "rusqlite",
-        feature = "libsql"
-    )),
-    allow(dead_code, reason = "the classifiers ask it")
-)]
+#[cfg_attr(not(driver), allow(dead_code, reason = "the classifiers ask it"))]
 pub(crate) fn current_request_holds_a_turn() -> bool {
     current_request().is_some_and(|request| request.turns.any())
 }

@@ -6,12 +6,7 @@ use std::fmt;
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 
-#[cfg(any(
-    feature = "sqlx",
-    feature = "sqlx-0_8",
-    feature = "rusqlite",
-    feature = "libsql"
-))]
+#[cfg(driver)]
 use crate::classify::Constraint;
 use crate::classify::{Detail, Retryable, database_detail};
 
@@ -153,12 +148,7 @@ impl DbError {
 
 impl DbError {
     /// A driver's error, classified by the shared tables.
-    #[cfg(any(
-        feature = "sqlx",
-        feature = "sqlx-0_8",
-        feature = "rusqlite",
-        feature = "libsql"
-    ))]
+    #[cfg(driver)]
     fn classified(
         retryable: Option<Retryable>,
         constraint: Option<Constraint>,

@@ -38,15 +38,7 @@ impl TurnsHeld {
     }
 
     /// Whether the request holds the turn of any database now.
-    #[cfg_attr(
-        not(any(
-            feature = "sqlx",
-            feature = "sqlx-0_8",
-            feature = "rusqlite",
-            feature = "libsql"
-        )),
-        allow(dead_code, reason = "the classifiers ask it")
-    )]
+    #[cfg_attr(not(driver), allow(dead_code, reason = "the classifiers ask it"))]
     pub(crate) fn any(&self) -> bool {
         !self.queues().is_empty()
     }

@@ -51,24 +51,14 @@ pub(super) fn is_sqlx_sqlite_error(
 /// A database error as the tables see it, whatever the binding that produced it: which
 /// database, its code, and the message (only ever compared for SQLite's
 /// `database is deadlocked`).
-#[cfg(any(
-    feature = "sqlx",
-    feature = "sqlx-0_8",
-    feature = "rusqlite",
-    feature = "libsql"
-))]
+#[cfg(driver)]
 pub(crate) struct Coded<'a> {
     pub(crate) backend: Backend<'a>,
     pub(crate) message: &'a str,
 }
 
 /// Which database an error came from, and its code in that database's terms.
-#[cfg(any(
-    feature = "sqlx",
-    feature = "sqlx-0_8",
-    feature = "rusqlite",
-    feature = "libsql"
-))]
+#[cfg(driver)]
 // Which variants a build constructs depends on its features (`Postgres` needs `postgres` and a
 // sqlx binding, for instance).
 #[allow(dead_code)]
@@ -88,12 +78,7 @@ pub(crate) enum Backend<'a> {
     Unknown(Option<Cow<'a, str>>),
 }
 
-#[cfg(any(
-    feature = "sqlx",
-    feature = "sqlx-0_8",
-    feature = "rusqlite",
-    feature = "libsql"
-))]
+#[cfg(driver)]
 impl Coded<'_> {
     /// The marker, if the error is worth a replay.
     pub(crate) fn classify(&self) -> Option<Retryable> {
@@ -155,12 +140,7 @@ impl Coded<'_> {
 /// holds a write transaction open (the turn of a `WriteTransaction` or a `WriteTurn`) is the request's own lock, met by a write outside that transaction (through the
 /// pool, say). A replay would meet it again, after `busy_timeout` again: not retryable, and
 /// said at ERROR, since only the code can fix it.
-#[cfg(any(
-    feature = "sqlx",
-    feature = "sqlx-0_8",
-    feature = "rusqlite",
-    feature = "libsql"
-))]
+#[cfg(driver)]
 pub(crate) fn classify_sqlite_in_request(code: i32, message: &str) -> Option<Retryable> {
     let verdict = classify_sqlite_code(code, message);
     if verdict.is_some() && code & 0xff == 5 && crate::attempt::current_request_holds_a_turn() {

@@ -108,12 +108,7 @@
 // `source()` chain through all of them.
 
 mod chain;
-#[cfg(any(
-    feature = "sqlx",
-    feature = "sqlx-0_8",
-    feature = "rusqlite",
-    feature = "libsql"
-))]
+#[cfg(driver)]
 mod coded;
 mod driver;
 #[cfg(feature = "libsql")]
@@ -124,6 +119,8 @@ mod postgres;
 #[cfg(feature = "rusqlite")]
 mod rusqlite;
 mod sqlite;
+#[cfg(any(feature = "rusqlite", feature = "libsql"))]
+mod sqlite_binding;
 #[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]
 mod sqlx_binding;
 
@@ -139,12 +136,7 @@ pub use self::driver::{DriverError, classify, is_constraint_violation};
 pub use self::libsql::{LibsqlErrors, classify_libsql, is_constraint_violation_libsql};
 pub use self::marker::{ClassifyError, NeverRetryErrors, Retryable};
 #[cfg_attr(
-    not(any(
-        feature = "sqlx",
-        feature = "sqlx-0_8",
-        feature = "rusqlite",
-        feature = "libsql"
-    )),
+    not(driver),
     allow(
         unused_imports,
         reason = "DbError reads a violation's kind only with a driver"
