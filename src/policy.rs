@@ -76,8 +76,7 @@ pub enum Jitter {
 /// | `replay_gate` | 1 | replays (attempt ≥ 2) pass a shared semaphore one at a time: SQLite has one writer ([`no_replay_gate`](RetryPolicy::no_replay_gate) lifts it) |
 /// | `budget` | none | the replay gate already bounds how many replays run at once (see [`RetryPolicy::budget`]) |
 /// | `admission` | [`Admission::Adaptive`] | a route that fails retryably gets a learned limit on its attempts in flight; routes that never do are never queued |
-/// | `read_limit` | none | opt-in: while writers wait for a write turn, at most this many `GET`/`HEAD` handlers run at once (see [`RetryPolicy::read_limit`]) |
-/// | `read_wait` | 10 ms | the longest a read waits for the read limit before it runs anyway |
+/// | `read_limit`, `read_wait` | none, 10 ms | deprecated: the read limit is the layer's ([`ReadLimit`], [`SqliteRetryLayer::limit_reads_while_writers_wait`](crate::SqliteRetryLayer::limit_reads_while_writers_wait)) |
 /// | `replay_event_level` | DEBUG | the per-replay event; giving up is logged at WARN/ERROR whatever this says |
 ///
 /// The contention benchmarks chose these values (8 to 1,024 clients running deferred

@@ -178,13 +178,16 @@
 //!   task is requeued once behind it) before its own handler goes on: the next writer takes the
 //!   turn and sends its `BEGIN` while the committed handler does its read after the commit or
 //!   writes its response. Before, the turn sat idle for 135–162 µs per transaction on average,
-//!   40–60 % of the time it was held. With 64 writers and 16 readers on two cores the write path
-//!   went from 0.78–0.92× the writes of `BEGIN IMMEDIATE` to 0.96–0.98×, with 5.8–6.3× its
-//!   reads; with writers only, to 1.19–1.22× (`BENCHMARKS.md`).
-//! - **The read limit**, opt-in: [`read_limit`](crate::RetryPolicy::read_limit) lets at most `n`
-//!   `GET`/`HEAD` handlers run while writers wait (a read held back waits at most
-//!   [`read_wait`](crate::RetryPolicy::read_wait), 10 ms, then runs anyway). It trades reads for
-//!   writes, for services whose reads crowd the writer out.
+//!   40–60 % of the time it was held. With 64 writers and 16 readers on two cores, the bench's
+//!   own client at `synchronous = NORMAL` with 300 µs of work before each transaction saw the
+//!   write path without groups go from 0.78–0.92× the writes of `BEGIN IMMEDIATE` to
+//!   0.96–0.98×; `wrk` at `FULL` with no work before measures 0.58× without groups, 0.88–1.91×
+//!   with them (the default) (`BENCHMARKS.md`).
+//! - **The read limit**, opt-in:
+//!   [`limit_reads_while_writers_wait`](crate::SqliteRetryLayer::limit_reads_while_writers_wait)
+//!   lets at most `n` `GET`/`HEAD` handlers run while writers wait (a read held back waits at
+//!   most its [`max_wait`](crate::policy::ReadLimit::max_wait), 10 ms, then runs anyway). It
+//!   trades reads for writes, for services whose reads crowd the writer out.
 //!
 //! # Watching the single writer
 //!
