@@ -98,10 +98,8 @@
 
 use std::any::Any;
 use std::borrow::Cow;
-use std::fmt;
 use std::future::Future;
-use std::ops::{Deref, DerefMut};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -115,7 +113,7 @@ use sqlx_sqlite::{
 };
 use tower_sqlite_retry::Retryable;
 use tower_sqlite_retry::write::shared::{self, Driver};
-use tower_sqlite_retry::write::{GroupCommit, GroupCommitFailed, WriteStats};
+use tower_sqlite_retry::write::{GroupCommit, GroupCommitFailed};
 /// Which connection write transactions begin on (the same type as the sqlx 0.9 `WritePool`'s).
 pub use tower_sqlite_retry::write::WriterConnection;
 
@@ -273,41 +271,8 @@ impl WritePool {
         }
     }
 
-    /// Whether write transactions begin on a connection of this `WritePool`'s own (`true`, the
-    /// default: opened when first needed with the pool's options, then kept outside any pool,
-    /// never pinged or recycled, and handed from writer to writer) or take one from the
-    /// application's pool in their turn (`false`).
-    pub fn writer(self, writer: WriterConnection) -> Self {
-        Self {
-            inner: self.inner.writer(writer),
-        }
-    }
 
-    /// Deprecated: [`writer`](Self::writer) with [`WriterConnection::Own`] (`true`) or
-    /// [`WriterConnection::FromPool`] (`false`).
-    #[deprecated(
-        since = "0.1.0",
-        note = "use `.writer(WriterConnection::Own)` or `.writer(WriterConnection::FromPool)`"
-    )]
-    pub fn writer_connection(self, own: bool) -> Self {
-        self.writer(if own {
-            WriterConnection::Own
-        } else {
-            WriterConnection::FromPool
-        })
-    }
 
-    /// Reports write transactions that hold the turn `slow` or longer (`None`: none); 250 ms
-    /// by default. The report is a WARN (target `tower_sqlite_retry`, `slow write
-    /// transaction`) naming the route and method, with the time held and waited; at most one
-    /// a second per database, each saying how many were left out since the last. It carries
-    /// no user data. A transaction that holds the turn has every other writer wait as long:
-    /// this is the database's slow-transaction log.
-    pub fn slow_transaction(self, slow: Option<Duration>) -> Self {
-        Self {
-            inner: self.inner.slow_transaction(slow),
-        }
-    }
 
     /// Group commit (on by default; `None`: off): each write transaction commits on its own,
     /// and those that commit while an fsync of the WAL runs share the next one (in WAL mode at
@@ -322,18 +287,7 @@ impl WritePool {
         }
     }
 
-    /// Test seam: while `held`, group commit starts no fsync. Not a public API.
-    #[doc(hidden)]
-    pub fn hold_fsync(&self, held: bool) -> bool {
-        self.inner.hold_fsync(held)
-    }
 
-    /// The database's write turn now: writers waiting, transactions, time held; two readings
-    /// give its utilization ([`WriteStats::utilization_since`]). `None` until the first write
-    /// transaction asked SQLite which database the pool writes to.
-    pub fn stats(&self) -> Option<WriteStats> {
-        self.inner.stats()
-    }
 
     /// Waits for this database's write turn, then begins `IMMEDIATE` on the writer connection.
     ///
@@ -349,48 +303,9 @@ impl WritePool {
         })
     }
 
-    /// The pool, for reads (they take no turn) and anything else.
-    pub fn pool(&self) -> &SqlitePool {
-        self.inner.pool()
-    }
 
-    /// The pool back (the writer connection closes once no clone of this `WritePool` and no
-    /// write transaction of it is left).
-    pub fn into_pool(self) -> SqlitePool {
-        self.inner.pool().clone()
-    }
 
-    /// The database file whose writers the queue serializes (its canonical path), once the
-    /// first write transaction asked SQLite; `None` before, and for an in-memory database.
-    pub fn path(&self) -> Option<&Path> {
-        self.inner.path()
-    }
 
-    /// Closes the pool and then the writer connection (as `SqlitePool::close` does).
-    pub async fn close(&self) {
-        self.inner.close().await;
-    }
-}
-
-/// Reads go to the pool as before: `.fetch_one(&*db)`.
-impl Deref for WritePool {
-    type Target = SqlitePool;
-
-    fn deref(&self) -> &SqlitePool {
-        self.inner.pool()
-    }
-}
-
-impl From<SqlitePool> for WritePool {
-    fn from(pool: SqlitePool) -> Self {
-        Self::new(pool)
-    }
-}
-
-impl fmt::Debug for WritePool {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.inner.fmt(f)
-    }
 }
 
 /// A write transaction begun `IMMEDIATE` in its turn ([`WritePool::begin`]).
@@ -404,41 +319,12 @@ pub struct WriteTransaction {
     inner: shared::Transaction<Sqlx08>,
 }
 
-impl WriteTransaction {
-    /// Commits, gives the turn back, and, once committed, fences the current request.
-    ///
-    /// `Ok` only when the `COMMIT` was, leaving the connection with no transaction open. A
-    /// failed commit fences nothing, rolls back, and gives the turn back too; a savepoint of
-    /// this transaction still open fails with [`Error::InvalidArgument`] after a rollback of
-    /// the whole transaction.
-    pub async fn commit(self) -> Result<(), Error> {
-        self.inner.commit().await
-    }
-
-    /// Rolls back and gives the turn back.
-    pub async fn rollback(self) -> Result<(), Error> {
-        self.inner.rollback().await
-    }
-}
-
-impl Deref for WriteTransaction {
-    type Target = SqliteConnection;
-
-    fn deref(&self) -> &SqliteConnection {
-        &self.inner
-    }
-}
-
-impl DerefMut for WriteTransaction {
-    fn deref_mut(&mut self) -> &mut SqliteConnection {
-        &mut self.inner
-    }
-}
-
-impl fmt::Debug for WriteTransaction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.inner.fmt(f)
-    }
+tower_sqlite_retry::__write_wrappers! {
+    pool: WritePool,
+    transaction: WriteTransaction,
+    sqlite_pool: SqlitePool,
+    connection: SqliteConnection,
+    error: Error,
 }
 
 #[cfg(test)]

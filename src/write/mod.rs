@@ -25,7 +25,7 @@
 //!   woken the moment the previous one committed, in arrival order, and begins at once on a
 //!   warm writer connection (no pool acquire, no ping, no competing with readers for one);
 //! - the application's pool is left to readers: a write needs none of its connections, even
-//!   when readers hold them all ([`WritePool::writer_connection`][writers]`(false)` goes back to
+//!   when readers hold them all ([`WritePool::writer`][writers]`(WriterConnection::FromPool)` goes back to
 //!   taking write connections from it);
 //! - writers in **other processes** are still excluded by SQLite (`busy_timeout`) and, past it,
 //!   covered by the layer's replay: the `SQLITE_BUSY` of `BEGIN IMMEDIATE` is retryable.
@@ -118,7 +118,7 @@
 //! event.
 //!
 //! Where there is no fsync to share it changes nothing: at `NORMAL` or `OFF`, in a
-//! rollback-journal mode, with `writer_connection(false)`, in memory; nor for a transaction that
+//! rollback-journal mode, with `writer(WriterConnection::FromPool)`, in memory; nor for a transaction that
 //! begins while no other writer waits and no fsync is under way (an idle service, one client):
 //! it runs at the pool's level and its `COMMIT` fsyncs as without groups, with no hand-off.
 //! Why it is on: measured with `wrk` from its own process at `FULL` (BENCHMARKS.md), several
@@ -365,10 +365,7 @@
 #![cfg_attr(feature = "sqlite-write", doc = "[`WritePool`]: WritePool")]
 #![cfg_attr(feature = "sqlite-write", doc = "[begin]: WritePool::begin")]
 #![cfg_attr(feature = "sqlite-write", doc = "[pool]: WritePool::pool")]
-#![cfg_attr(
-    feature = "sqlite-write",
-    doc = "[writers]: WritePool::writer_connection"
-)]
+#![cfg_attr(feature = "sqlite-write", doc = "[writers]: WritePool::writer")]
 #![cfg_attr(feature = "sqlite-write", doc = "[commit]: WriteTransaction::commit")]
 #![cfg_attr(feature = "sqlite-write", doc = "[stats]: WritePool::stats")]
 #![cfg_attr(feature = "sqlite-write", doc = "[slow]: WritePool::slow_transaction")]
@@ -387,7 +384,7 @@
 )]
 #![cfg_attr(
     not(feature = "sqlite-write"),
-    doc = "[writers]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WritePool.html#method.writer_connection"
+    doc = "[writers]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WritePool.html#method.writer"
 )]
 #![cfg_attr(
     not(feature = "sqlite-write"),
@@ -419,6 +416,7 @@ mod transaction;
 mod turn;
 #[cfg(test)]
 mod turn_tests;
+mod wrappers;
 
 #[cfg(feature = "sqlite-write")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite-write")))]

@@ -2,9 +2,7 @@
 //! (`pool.rs`, `transaction.rs`) that the companion crate serves sqlx 0.8 with.
 
 use std::any::Any;
-use std::fmt;
-use std::ops::{Deref, DerefMut};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,8 +17,6 @@ use sqlx_sqlite::{
 use super::driver::Driver;
 use super::failed::GroupCommitFailed;
 use super::group::GroupCommit;
-use super::pool::WriterConnection;
-use super::stats::WriteStats;
 use super::{pool, transaction};
 use crate::classify::Retryable;
 
@@ -175,7 +171,7 @@ impl Driver for Sqlx {
 /// application pool's connect options and its `after_connect` hook), never on the
 /// application's: a writer in its turn begins on a warm connection whose page cache no other
 /// writer invalidated, and does not compete with readers for one. See
-/// [`writer_connection`](Self::writer_connection).
+/// [`writer`](Self::writer).
 ///
 /// Cloning is cheap (the pools, the writer connection and the queue are shared). See the
 /// [module docs](super) for why, for the rules, and for an example.
@@ -186,7 +182,7 @@ pub struct WritePool {
 
 impl WritePool {
     /// The write path over `pool`, with a writer connection of its own (see
-    /// [`writer_connection`](Self::writer_connection)). Every `WritePool` on the same
+    /// [`writer`](Self::writer)). Every `WritePool` on the same
     /// database file (whatever the pool) shares one queue in this process; an in-memory
     /// database's queue is its pool's alone.
     ///
@@ -197,75 +193,6 @@ impl WritePool {
     pub fn new(pool: SqlitePool) -> Self {
         Self {
             inner: pool::WritePool::new(pool, true),
-        }
-    }
-
-    /// Which connection write transactions begin on: one of this `WritePool`'s own
-    /// ([`WriterConnection::Own`], the default) or one from the application's pool, taken as
-    /// readers take theirs, in their turn ([`WriterConnection::FromPool`]).
-    ///
-    /// The writer connection is opened, when first needed, with the application pool's
-    /// connect options (the file, `busy_timeout`, journal mode, pragmas) and pool options
-    /// (`acquire_timeout`, `after_connect`), and then kept by the `WritePool` itself, outside
-    /// any pool: between two writers it is not pinged, not recycled for being idle or old,
-    /// and hands over from one writer to the next with no round trip. It is one more SQLite
-    /// connection on the file: one file handle, its own page cache (which stays warm while no
-    /// other connection writes). One is always enough: only the turn's holder uses it. An
-    /// in-memory database has none (a second connection would open another database).
-    ///
-    /// A connection that fails (anything but a database error, or a transaction it could not
-    /// end) is closed, and the next writer opens a new one.
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-    /// use tower_sqlite_retry::WritePool;
-    /// use tower_sqlite_retry::write::WriterConnection;
-    ///
-    /// # let dir = tempfile::tempdir()?;
-    /// let options = SqliteConnectOptions::new()
-    ///     .filename(dir.path().join("app.db"))
-    ///     .create_if_missing(true)
-    ///     .journal_mode(SqliteJournalMode::Wal);
-    /// let pool = SqlitePoolOptions::new().max_connections(8).connect_with(options).await?;
-    /// // Write transactions take their connection from the pool of 8, as reads do.
-    /// let db = WritePool::new(pool).writer(WriterConnection::FromPool);
-    /// let mut tx = db.begin().await?;
-    /// sqlx::query("CREATE TABLE t (x)").execute(&mut *tx).await?;
-    /// tx.commit().await?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn writer(self, writer: WriterConnection) -> Self {
-        Self {
-            inner: self.inner.writer(writer),
-        }
-    }
-
-    /// Deprecated: [`writer`](Self::writer) with [`WriterConnection::Own`] (`true`) or
-    /// [`WriterConnection::FromPool`] (`false`).
-    #[deprecated(
-        since = "0.1.0",
-        note = "use `.writer(WriterConnection::Own)` or `.writer(WriterConnection::FromPool)`"
-    )]
-    pub fn writer_connection(self, own: bool) -> Self {
-        self.writer(if own {
-            WriterConnection::Own
-        } else {
-            WriterConnection::FromPool
-        })
-    }
-
-    /// Reports write transactions that hold the turn `slow` or longer (`None`: none); 250 ms
-    /// by default. The report is a WARN (target `tower_sqlite_retry`, `slow write
-    /// transaction`) naming the route and method, with the time held and waited; at most one
-    /// a second per database, each saying how many were left out since the last. It carries
-    /// no user data. A transaction that holds the turn has every other writer wait as long:
-    /// this is the database's slow-transaction log.
-    pub fn slow_transaction(self, slow: Option<Duration>) -> Self {
-        Self {
-            inner: self.inner.slow_transaction(slow),
         }
     }
 
@@ -292,7 +219,7 @@ impl WritePool {
     /// it committed. A process crash loses nothing.
     ///
     /// Nothing changes when there is no fsync to share: at `synchronous = NORMAL` or `OFF`, in
-    /// a rollback-journal mode, with `writer_connection(false)` or an in-memory database.
+    /// a rollback-journal mode, with `writer(WriterConnection::FromPool)` or an in-memory database.
     ///
     /// A transaction that begins while no other writer waits and no fsync is under way (an
     /// idle service, one client) runs at the pool's own level and its `COMMIT` fsyncs, as
@@ -328,20 +255,6 @@ impl WritePool {
         }
     }
 
-    /// Test seam: while `held`, group commit starts no fsync, and every transaction shares
-    /// it, so that transactions commit and then wait for it. `false` if this pool shares no fsync. Not a public API.
-    #[doc(hidden)]
-    pub fn hold_fsync(&self, held: bool) -> bool {
-        self.inner.hold_fsync(held)
-    }
-
-    /// The database's write turn now: writers waiting, transactions, time held; two readings
-    /// give its utilization ([`WriteStats::utilization_since`]). `None` until the first write
-    /// transaction asked SQLite which database the pool writes to.
-    pub fn stats(&self) -> Option<WriteStats> {
-        self.inner.stats()
-    }
-
     /// Waits for this database's write turn, then begins `IMMEDIATE` on the writer connection.
     ///
     /// The wait is bounded by the current request's deadline (under the layer, or in a task
@@ -361,51 +274,6 @@ impl WritePool {
             inner: self.inner.begin().await?,
         })
     }
-
-    /// The pool, for reads (they take no turn) and anything else.
-    pub fn pool(&self) -> &SqlitePool {
-        self.inner.pool()
-    }
-
-    /// The pool back (the writer connection closes once no clone of this `WritePool` and no
-    /// write transaction of it is left).
-    pub fn into_pool(self) -> SqlitePool {
-        self.inner.pool().clone()
-    }
-
-    /// The database file whose writers this queue serializes (its canonical path), once the
-    /// first write transaction asked SQLite; `None` before, and for an in-memory database.
-    pub fn path(&self) -> Option<&Path> {
-        self.inner.path()
-    }
-
-    /// Closes the application's pool and then the writer connection (as
-    /// [`SqlitePool::close`] does: waits for the connections in use to come back, then closes
-    /// them).
-    pub async fn close(&self) {
-        self.inner.close().await;
-    }
-}
-
-/// Reads go to the pool as before: `.fetch_one(&*db)`.
-impl Deref for WritePool {
-    type Target = SqlitePool;
-
-    fn deref(&self) -> &SqlitePool {
-        self.inner.pool()
-    }
-}
-
-impl From<SqlitePool> for WritePool {
-    fn from(pool: SqlitePool) -> Self {
-        Self::new(pool)
-    }
-}
-
-impl fmt::Debug for WritePool {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.inner.fmt(f)
-    }
 }
 
 /// A write transaction begun `IMMEDIATE` in its turn ([`WritePool::begin`]).
@@ -420,43 +288,12 @@ pub struct WriteTransaction {
     inner: transaction::Transaction<Sqlx>,
 }
 
-impl WriteTransaction {
-    /// Commits, gives the turn back, and, once committed, fences the current request: a
-    /// retryable failure after this point is answered as it is, never replayed.
-    ///
-    /// `Ok` only when the `COMMIT` was, leaving the connection with no transaction open. A
-    /// failed commit fences nothing (nothing was committed), rolls back, and gives the turn
-    /// back too. A savepoint of this transaction still open (a nested transaction forgotten
-    /// with `mem::forget`) would turn the `COMMIT` into a `RELEASE`: it fails with
-    /// [`sqlx::Error::InvalidArgument`] instead, after a rollback of the whole transaction.
-    pub async fn commit(self) -> Result<(), sqlx::Error> {
-        self.inner.commit().await
-    }
-
-    /// Rolls back and gives the turn back.
-    pub async fn rollback(self) -> Result<(), sqlx::Error> {
-        self.inner.rollback().await
-    }
-}
-
-impl Deref for WriteTransaction {
-    type Target = SqliteConnection;
-
-    fn deref(&self) -> &SqliteConnection {
-        &self.inner
-    }
-}
-
-impl DerefMut for WriteTransaction {
-    fn deref_mut(&mut self) -> &mut SqliteConnection {
-        &mut self.inner
-    }
-}
-
-impl fmt::Debug for WriteTransaction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.inner.fmt(f)
-    }
+crate::__write_wrappers! {
+    pool: WritePool,
+    transaction: WriteTransaction,
+    sqlite_pool: SqlitePool,
+    connection: SqliteConnection,
+    error: sqlx::Error,
 }
 
 #[cfg(test)]
