@@ -177,6 +177,8 @@ mod classify {
 mod turns;
 
 // The write path's files, as they are (their `super::` is this crate's root here).
+#[path = "../src/write/bound.rs"]
+mod bound;
 #[path = "../src/write/driver.rs"]
 mod driver;
 #[path = "../src/write/failed.rs"]

@@ -403,6 +403,7 @@
     doc = "[group]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WritePool.html#method.group_commit"
 )]
 
+mod bound;
 mod driver;
 mod failed;
 mod gate;

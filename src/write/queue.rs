@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use crate::attempt::current_request;
 
+use super::bound::bound;
 use super::stats::{SLOW_DEFAULT, WriteStats};
-use super::transaction::bound;
 use super::turn::{Queue, Turn};
 
 /// The write turn of one database file, for drivers the write path has no pool type for

@@ -40,13 +40,13 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::time::Instant;
 
 #[allow(unused_imports)] // the model check's stand-in has `fence`/`deadline` as trait methods
 use crate::attempt::{RequestState, current_request};
 
+use super::bound::{bound, within};
 use super::driver::Driver;
 use super::gate::CommitGate;
 use super::group::{NORMAL, Syncs};
@@ -458,23 +458,6 @@ async fn roll_back_all<D: Driver>(conn: &mut D::Connection) -> bool {
         }
     }
     D::depth(conn) == 0
-}
-
-/// The earlier of `deadline` and `limit` from now (`None`: neither can be represented).
-pub(crate) fn bound(deadline: Option<Instant>, limit: Duration) -> Option<Instant> {
-    let limit = Instant::now().checked_add(limit);
-    match (deadline, limit) {
-        (Some(d), Some(l)) => Some(d.min(l)),
-        (d, l) => d.or(l),
-    }
-}
-
-/// `future`'s output, unless `until` passes first.
-pub(super) async fn within<F: Future>(until: Option<Instant>, future: F) -> Option<F::Output> {
-    match until {
-        Some(until) => tokio::time::timeout_at(until, future).await.ok(),
-        None => Some(future.await),
-    }
 }
 
 impl<D: Driver> std::ops::Deref for Transaction<D> {
