@@ -112,10 +112,10 @@ use sqlx_sqlite::{
     SqliteTransactionManager,
 };
 use tower_sqlite_retry::Retryable;
-use tower_sqlite_retry::write::shared::{self, Driver};
-use tower_sqlite_retry::write::{GroupCommit, GroupCommitFailed};
 /// Which connection write transactions begin on (the same type as the sqlx 0.9 `WritePool`'s).
 pub use tower_sqlite_retry::write::WriterConnection;
+use tower_sqlite_retry::write::shared::{self, Driver};
+use tower_sqlite_retry::write::{GroupCommit, GroupCommitFailed};
 
 /// sqlx 0.8's SQLite driver, as the write path of `tower-sqlite-retry` uses it: everything
 /// else (the turn, the transaction's lifecycle, the drop protocol) is that crate's one
@@ -271,9 +271,6 @@ impl WritePool {
         }
     }
 
-
-
-
     /// Group commit (on by default; `None`: off): each write transaction commits on its own,
     /// and those that commit while an fsync of the WAL runs share the next one (in WAL mode at
     /// `synchronous = FULL`; nothing changes otherwise); a `commit()` is `Ok` only once an
@@ -286,8 +283,6 @@ impl WritePool {
             inner: self.inner.group_commit(settings),
         }
     }
-
-
 
     /// Waits for this database's write turn, then begins `IMMEDIATE` on the writer connection.
     ///
@@ -302,10 +297,6 @@ impl WritePool {
             inner: self.inner.begin().await?,
         })
     }
-
-
-
-
 }
 
 /// A write transaction begun `IMMEDIATE` in its turn ([`WritePool::begin`]).

@@ -176,7 +176,11 @@ async fn a_cancelled_commit_hands_on_a_clean_connection() {
         let db = TestDb::new();
         let options = db.options(SqliteJournalMode::Delete, Duration::from_secs(10));
         let pool = pool_of(options.clone(), 1).await;
-        let writes = WritePool::new(pool.clone()).writer(if own { WriterConnection::Own } else { WriterConnection::FromPool });
+        let writes = WritePool::new(pool.clone()).writer(if own {
+            WriterConnection::Own
+        } else {
+            WriterConnection::FromPool
+        });
 
         let reader = Reader::hold(&options).await;
         let mut tx = writes.begin().await.unwrap();

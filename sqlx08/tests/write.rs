@@ -20,8 +20,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer};
 use tower_sqlite_retry::write::WriteQueue;
+use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer};
 use tower_sqlite_retry_sqlx08::WritePool;
 
 /// A fresh database file in a temporary directory, with the `items` table.
