@@ -2,7 +2,7 @@
 //! [`SqliteRetryLayer::metrics`](crate::SqliteRetryLayer::metrics)) and its
 //! [`MetricsSnapshot`]; [`RetryOutcome`], the response extension that says how each request
 //! ended, with its [`Outcome`]. With the `metrics` feature the same figures also go through
-//! the `metrics` facade ([`recorder`](crate::recorder)).
+//! the `metrics` facade (the `recorder` module).
 
 use std::fmt;
 use std::sync::Arc;
