@@ -584,3 +584,44 @@ async fn unrelated_in_memory_databases_never_share_a_turn() {
     assert_eq!(names(a.pool()).await, ["a"]);
     assert_eq!(names(b.pool()).await, ["b"]);
 }
+
+/// A transaction dropped where no runtime can run its rollback task (on a thread outside any
+/// runtime) still hands its turn on and commits nothing: the task is dropped unpolled, and its
+/// guard settles the connection (not handed on as clean) and the turn.
+#[test]
+fn a_transaction_dropped_outside_a_runtime_hands_the_turn_on() {
+    let db = TestDb::new();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (writes, pool, tx) = runtime.block_on(async {
+        let pool = pool_of(db.options(Duration::from_secs(5)), 2).await;
+        let writes = WritePool::new(pool.clone());
+        let mut tx = writes.begin().await.unwrap();
+        insert(&mut tx, 1, "dropped").await.unwrap();
+        (writes, pool, tx)
+    });
+    std::thread::spawn(move || {
+        assert!(
+            tokio::runtime::Handle::try_current().is_err(),
+            "no runtime here"
+        );
+        drop(tx);
+    })
+    .join()
+    .unwrap();
+    runtime.block_on(async {
+        let mut tx = tokio::time::timeout(Duration::from_secs(10), writes.begin())
+            .await
+            .expect("the turn was handed on")
+            .unwrap();
+        insert(&mut tx, 2, "next").await.unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(
+            names(&pool).await,
+            ["next"],
+            "the dropped write is not committed"
+        );
+    });
+}
