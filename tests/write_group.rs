@@ -84,17 +84,26 @@ async fn warm(writes: &WritePool, name: &str) {
 }
 
 /// Begins, inserts `name`, and commits in a task of its own; returns once the `COMMIT` went
-/// through (the row is in the file), with the task, which may still wait for its fsync.
+/// through (the row is in the file) and the transaction gave its turn back (which it does
+/// after it joined the wait for the shared fsync, if it shares one), with the task, which may
+/// still wait for its fsync.
 async fn commit_in_background(
     writes: &WritePool,
     pool: &SqlitePool,
     name: &str,
 ) -> tokio::task::JoinHandle<Result<(), sqlx::Error>> {
+    let given_back = writes.stats().map_or(0, |s| s.transactions);
     let mut tx = writes.begin().await.unwrap();
     insert(&mut tx, name).await.unwrap();
     let commit = tokio::spawn(tx.commit());
     poll_until(format!("{name}'s COMMIT went through"), async || {
         names(pool, "items").await.contains(&name.to_owned())
+    })
+    .await;
+    // The row can be in the file before the commit joined the fsync's waiters: the turn comes
+    // back only after it did.
+    poll_until(format!("{name}'s turn given back"), async || {
+        writes.stats().is_some_and(|s| s.transactions > given_back)
     })
     .await;
     commit
