@@ -10,6 +10,11 @@
 
 mod common;
 
+// The exporter's setup, as the example app (and the `recorder` module's docs) make it.
+#[path = "../examples/common/prometheus.rs"]
+#[allow(dead_code, reason = "only its builder is used here")]
+mod exporter;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -23,7 +28,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http::{Request, StatusCode};
 use metrics::Unit;
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::layers::FanoutBuilder;
 use sqlx::SqlitePool;
@@ -97,19 +102,10 @@ fn policy(attempts: u32) -> RetryPolicy {
         .jitter(Jitter::None)
 }
 
+/// The exporter as the example app sets it up (the crate's documented buckets), in either
+/// naming.
 fn prometheus(recommended_naming: bool) -> PrometheusBuilder {
-    PrometheusBuilder::new()
-        .with_recommended_naming(recommended_naming)
-        .set_buckets_for_metric(
-            Matcher::Full(recorder::ATTEMPTS.to_owned()),
-            recorder::ATTEMPTS_BUCKETS,
-        )
-        .unwrap()
-        .set_buckets_for_metric(
-            Matcher::Suffix("_seconds".to_owned()),
-            recorder::SECONDS_BUCKETS,
-        )
-        .unwrap()
+    exporter::builder().with_recommended_naming(recommended_naming)
 }
 
 /// A metric's identity in the assertions: name and `key=value` labels, in order.

@@ -23,6 +23,11 @@
 
 mod common;
 
+// The exporter's setup, as the example app (and the `recorder` module's docs) make it.
+#[path = "../examples/common/prometheus.rs"]
+#[allow(dead_code, reason = "only its builder is used here")]
+mod exporter;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::sync::Mutex;
@@ -33,12 +38,12 @@ use axum::extract::{Path, State};
 use axum::routing::post;
 use http::StatusCode;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use metrics_exporter_prometheus::PrometheusBuilder;
 use metrics_util::layers::FanoutBuilder;
 use serde_json::Value;
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqlitePoolOptions, SqliteSynchronous};
-use tower_sqlite_retry::{DbError, Jitter, RetryPolicy, SqliteRetryLayer, WritePool, recorder};
+use tower_sqlite_retry::{DbError, Jitter, RetryPolicy, SqliteRetryLayer, WritePool};
 
 use common::{HttpClient, TestDb, poll_until, serve};
 
@@ -247,20 +252,10 @@ impl<R: Recorder> Recorder for Described<R> {
     }
 }
 
-/// The exporter as the `recorder` module's docs set it up (and ops/README.md says to).
+/// The exporter as the example app sets it up (the crate's documented buckets), in either
+/// naming.
 fn prometheus(recommended_naming: bool) -> PrometheusBuilder {
-    PrometheusBuilder::new()
-        .with_recommended_naming(recommended_naming)
-        .set_buckets_for_metric(
-            Matcher::Full(recorder::ATTEMPTS.to_owned()),
-            recorder::ATTEMPTS_BUCKETS,
-        )
-        .unwrap()
-        .set_buckets_for_metric(
-            Matcher::Suffix("_seconds".to_owned()),
-            recorder::SECONDS_BUCKETS,
-        )
-        .unwrap()
+    exporter::builder().with_recommended_naming(recommended_naming)
 }
 
 #[derive(Clone)]
