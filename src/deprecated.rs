@@ -7,149 +7,57 @@
 
 use crate::classify::Retryable;
 
-/// Moved: [`policy::Admission`](crate::policy::Admission).
-#[deprecated(
-    since = "0.1.0",
-    note = "moved: use `tower_sqlite_retry::policy::Admission`"
-)]
-pub type Admission = crate::policy::Admission;
-
-/// Moved: [`policy::AdmissionLimit`](crate::policy::AdmissionLimit).
-#[deprecated(
-    since = "0.1.0",
-    note = "moved: use `tower_sqlite_retry::policy::AdmissionLimit`"
-)]
-pub type AdmissionLimit = crate::policy::AdmissionLimit;
-
-/// Moved: [`policy::InvalidPolicy`](crate::policy::InvalidPolicy).
-#[deprecated(
-    since = "0.1.0",
-    note = "moved: use `tower_sqlite_retry::policy::InvalidPolicy`"
-)]
-pub type InvalidPolicy = crate::policy::InvalidPolicy;
-
-/// Moved: [`future::InRequest`](crate::future::InRequest).
-#[deprecated(
-    since = "0.1.0",
-    note = "moved: use `tower_sqlite_retry::future::InRequest`"
-)]
-pub type InRequest<F> = crate::future::InRequest<F>;
-
-/// Moved: [`metrics::Outcome`](crate::metrics::Outcome).
-#[deprecated(
-    since = "0.1.0",
-    note = "moved: use `tower_sqlite_retry::metrics::Outcome`"
-)]
-pub type Outcome = crate::metrics::Outcome;
-
-/// Moved: [`metrics::RetryOutcome`](crate::metrics::RetryOutcome).
-#[deprecated(
-    since = "0.1.0",
-    note = "moved: use `tower_sqlite_retry::metrics::RetryOutcome`"
-)]
-pub type RetryOutcome = crate::metrics::RetryOutcome;
-
-/// Moved: [`metrics::MetricsSnapshot`](crate::metrics::MetricsSnapshot).
-#[deprecated(
-    since = "0.1.0",
-    note = "moved: use `tower_sqlite_retry::metrics::MetricsSnapshot`"
-)]
-pub type MetricsSnapshot = crate::metrics::MetricsSnapshot;
-
-/// Moved: [`metrics::HISTOGRAM_BUCKETS`](crate::metrics::HISTOGRAM_BUCKETS).
-#[deprecated(
-    since = "0.1.0",
-    note = "moved: use `tower_sqlite_retry::metrics::HISTOGRAM_BUCKETS`"
-)]
-pub const HISTOGRAM_BUCKETS: usize = crate::metrics::HISTOGRAM_BUCKETS;
-
-/// Moved: [`body::ReplayBody`](crate::body::ReplayBody).
-#[deprecated(
-    since = "0.1.0",
-    note = "moved: use `tower_sqlite_retry::body::ReplayBody`"
-)]
-pub type ReplayBody<B> = crate::body::ReplayBody<B>;
-
-/// Moved: [`write::WriteQueue`](crate::write::WriteQueue).
-#[deprecated(
-    since = "0.1.0",
-    note = "moved: use `tower_sqlite_retry::write::WriteQueue`"
-)]
-pub type WriteQueue = crate::write::WriteQueue;
-
-/// Moved: [`write::WriteTurn`](crate::write::WriteTurn).
-#[deprecated(
-    since = "0.1.0",
-    note = "moved: use `tower_sqlite_retry::write::WriteTurn`"
-)]
-pub type WriteTurn = crate::write::WriteTurn;
-
-/// Moved: [`write::TurnError`](crate::write::TurnError).
-#[deprecated(
-    since = "0.1.0",
-    note = "moved: use `tower_sqlite_retry::write::TurnError`"
-)]
-pub type TurnError = crate::write::TurnError;
-
-/// Moved: [`write::WriteStats`](crate::write::WriteStats).
-#[deprecated(
-    since = "0.1.0",
-    note = "moved: use `tower_sqlite_retry::write::WriteStats`"
-)]
-pub type WriteStats = crate::write::WriteStats;
-
-/// Moved: [`classify::classify_sqlite_code`](crate::classify::classify_sqlite_code).
-#[deprecated(
-    since = "0.1.0",
-    note = "moved: use `tower_sqlite_retry::classify::classify_sqlite_code`"
-)]
-pub fn classify_sqlite_code(code: i32, message: &str) -> Option<Retryable> {
-    crate::classify::classify_sqlite_code(code, message)
+/// For each entry: documents the item as moved to `crate::$path` and deprecates it with
+/// `$note` (the compiler's warning names the new path).
+macro_rules! moved {
+    ($($path:literal, $note:literal => $item:item)*) => {
+        $(
+            #[doc = concat!("Moved: [`", $path, "`](crate::", $path, ").")]
+            #[deprecated(since = "0.1.0", note = $note)]
+            $item
+        )*
+    };
 }
 
-/// Moved: [`classify::classify_postgres_code`](crate::classify::classify_postgres_code).
-#[deprecated(
-    since = "0.1.0",
-    note = "moved: use `tower_sqlite_retry::classify::classify_postgres_code`"
-)]
-pub fn classify_postgres_code(sqlstate: &str) -> Option<Retryable> {
-    crate::classify::classify_postgres_code(sqlstate)
-}
-
-/// Moved: [`classify::classify_mysql_code`](crate::classify::classify_mysql_code).
-#[deprecated(
-    since = "0.1.0",
-    note = "moved: use `tower_sqlite_retry::classify::classify_mysql_code`"
-)]
-pub fn classify_mysql_code(number: u16) -> Option<Retryable> {
-    crate::classify::classify_mysql_code(number)
-}
-
-/// Moved: [`classify::sqlite_code_name`](crate::classify::sqlite_code_name).
-#[deprecated(
-    since = "0.1.0",
-    note = "moved: use `tower_sqlite_retry::classify::sqlite_code_name`, or `DriverError::code_name`"
-)]
-pub fn sqlite_code_name(code: i32) -> &'static str {
-    crate::classify::sqlite_code_name(code)
-}
-
-/// Moved: [`classify::postgres_code_name`](crate::classify::postgres_code_name).
-#[deprecated(
-    since = "0.1.0",
-    note = "moved: use `tower_sqlite_retry::classify::postgres_code_name`, or `DriverError::code_name`"
-)]
-pub fn postgres_code_name(sqlstate: &str) -> &'static str {
-    crate::classify::postgres_code_name(sqlstate)
-}
-
-/// Moved: [`classify::mysql_code_name`](crate::classify::mysql_code_name).
-#[deprecated(
-    since = "0.1.0",
-    note = "moved: use `tower_sqlite_retry::classify::mysql_code_name`, or `DriverError::code_name`"
-)]
-pub fn mysql_code_name(number: u16) -> &'static str {
-    crate::classify::mysql_code_name(number)
+moved! {
+    "policy::Admission", "moved: use `tower_sqlite_retry::policy::Admission`"
+        => pub type Admission = crate::policy::Admission;
+    "policy::AdmissionLimit", "moved: use `tower_sqlite_retry::policy::AdmissionLimit`"
+        => pub type AdmissionLimit = crate::policy::AdmissionLimit;
+    "policy::InvalidPolicy", "moved: use `tower_sqlite_retry::policy::InvalidPolicy`"
+        => pub type InvalidPolicy = crate::policy::InvalidPolicy;
+    "future::InRequest", "moved: use `tower_sqlite_retry::future::InRequest`"
+        => pub type InRequest<F> = crate::future::InRequest<F>;
+    "metrics::Outcome", "moved: use `tower_sqlite_retry::metrics::Outcome`"
+        => pub type Outcome = crate::metrics::Outcome;
+    "metrics::RetryOutcome", "moved: use `tower_sqlite_retry::metrics::RetryOutcome`"
+        => pub type RetryOutcome = crate::metrics::RetryOutcome;
+    "metrics::MetricsSnapshot", "moved: use `tower_sqlite_retry::metrics::MetricsSnapshot`"
+        => pub type MetricsSnapshot = crate::metrics::MetricsSnapshot;
+    "metrics::HISTOGRAM_BUCKETS", "moved: use `tower_sqlite_retry::metrics::HISTOGRAM_BUCKETS`"
+        => pub const HISTOGRAM_BUCKETS: usize = crate::metrics::HISTOGRAM_BUCKETS;
+    "body::ReplayBody", "moved: use `tower_sqlite_retry::body::ReplayBody`"
+        => pub type ReplayBody<B> = crate::body::ReplayBody<B>;
+    "write::WriteQueue", "moved: use `tower_sqlite_retry::write::WriteQueue`"
+        => pub type WriteQueue = crate::write::WriteQueue;
+    "write::WriteTurn", "moved: use `tower_sqlite_retry::write::WriteTurn`"
+        => pub type WriteTurn = crate::write::WriteTurn;
+    "write::TurnError", "moved: use `tower_sqlite_retry::write::TurnError`"
+        => pub type TurnError = crate::write::TurnError;
+    "write::WriteStats", "moved: use `tower_sqlite_retry::write::WriteStats`"
+        => pub type WriteStats = crate::write::WriteStats;
+    "classify::classify_sqlite_code", "moved: use `tower_sqlite_retry::classify::classify_sqlite_code`"
+        => pub fn classify_sqlite_code(code: i32, message: &str) -> Option<Retryable> { crate::classify::classify_sqlite_code(code, message) }
+    "classify::classify_postgres_code", "moved: use `tower_sqlite_retry::classify::classify_postgres_code`"
+        => pub fn classify_postgres_code(sqlstate: &str) -> Option<Retryable> { crate::classify::classify_postgres_code(sqlstate) }
+    "classify::classify_mysql_code", "moved: use `tower_sqlite_retry::classify::classify_mysql_code`"
+        => pub fn classify_mysql_code(number: u16) -> Option<Retryable> { crate::classify::classify_mysql_code(number) }
+    "classify::sqlite_code_name", "moved: use `tower_sqlite_retry::classify::sqlite_code_name`, or `DriverError::code_name`"
+        => pub fn sqlite_code_name(code: i32) -> &'static str { crate::classify::sqlite_code_name(code) }
+    "classify::postgres_code_name", "moved: use `tower_sqlite_retry::classify::postgres_code_name`, or `DriverError::code_name`"
+        => pub fn postgres_code_name(sqlstate: &str) -> &'static str { crate::classify::postgres_code_name(sqlstate) }
+    "classify::mysql_code_name", "moved: use `tower_sqlite_retry::classify::mysql_code_name`, or `DriverError::code_name`"
+        => pub fn mysql_code_name(number: u16) -> &'static str { crate::classify::mysql_code_name(number) }
 }
 
 /// Replaced by [`DriverError::is_constraint_violation`](crate::DriverError::is_constraint_violation).

@@ -244,7 +244,6 @@ mod emit {
         ATTEMPTS, BACKOFF, BUFFERED_BYTES, QUEUE_WAIT, REPLAYS, REQUESTS, WRITE_GROUP_HELD,
         WRITE_GROUP_MEMBERS, WRITE_HELD, WRITE_WAIT, WRITE_WAITING,
     };
-    use crate::attempt::Outcome;
     use crate::route::Route;
 
     const ROUTE: &str = "http_route";
@@ -344,14 +343,15 @@ mod emit {
         Label::from_static_parts(METHOD, name)
     }
 
-    pub(crate) fn request_finished(
-        route_: Option<&str>,
-        method_: &Method,
-        outcome: Outcome,
-        error_type: Option<&str>,
-        attempts: u32,
-        backoff: Duration,
-    ) {
+    pub(crate) fn request_finished(finished: super::Finished<'_>) {
+        let super::Finished {
+            route: route_,
+            method: method_,
+            outcome,
+            error_type,
+            attempts,
+            backoff,
+        } = finished;
         let route = route(route_);
         let method = method(method_);
         let mut labels = Vec::with_capacity(4);
@@ -440,21 +440,27 @@ pub(crate) fn describe() {
     emit::describe();
 }
 
+/// A request the layer finished, as its metrics see it.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) struct Finished<'a> {
+    pub(crate) route: Option<&'a str>,
+    pub(crate) method: &'a Method,
+    pub(crate) outcome: Outcome,
+    /// The retryable error's name, when the request ended on one.
+    pub(crate) error_type: Option<&'a str>,
+    pub(crate) attempts: u32,
+    /// The time it spent in backoff.
+    pub(crate) backoff: Duration,
+}
+
 /// A request the layer finished: counts it by outcome, records its attempts and the time it
-/// spent in backoff. `error_type` is the retryable error's name when the request ended on one.
+/// spent in backoff.
 #[inline]
-pub(crate) fn request_finished(
-    route: Option<&str>,
-    method: &Method,
-    outcome: Outcome,
-    error_type: Option<&str>,
-    attempts: u32,
-    backoff: Duration,
-) {
+pub(crate) fn request_finished(finished: Finished<'_>) {
     #[cfg(feature = "metrics")]
-    emit::request_finished(route, method, outcome, error_type, attempts, backoff);
+    emit::request_finished(finished);
     #[cfg(not(feature = "metrics"))]
-    let _ = (route, method, outcome, error_type, attempts, backoff);
+    let _ = finished;
 }
 
 /// A replay decided, after a retryable error named `error_type`.
@@ -592,14 +598,14 @@ mod tests {
     fn error_type_is_a_label_only_when_given() {
         let out = emitted(|| {
             let finished = |outcome, error_type| {
-                super::request_finished(
-                    Some("/a"),
-                    &Method::POST,
+                super::request_finished(super::Finished {
+                    route: Some("/a"),
+                    method: &Method::POST,
                     outcome,
                     error_type,
-                    3,
-                    Duration::from_millis(250),
-                );
+                    attempts: 3,
+                    backoff: Duration::from_millis(250),
+                });
             };
             finished(Outcome::SucceededAfterRetry, None);
             finished(Outcome::Deadline, Some("SQLITE_BUSY_SNAPSHOT"));

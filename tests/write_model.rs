@@ -1,5 +1,5 @@
 //! A model check of the write path with `shuttle`: the crate's own `src/write/turn.rs`,
-//! `pool.rs`, `transaction.rs`, `group.rs`, `gate.rs` and `driver.rs`, included as they are, over a driver that
+//! `pool.rs`, `transaction.rs`, `session.rs`, `group.rs`, `gate.rs` and `driver.rs`, included as they are, over a driver that
 //! models sqlx's SQLite worker (`Model` below), under thousands of schedules chosen at random
 //! and by PCT.
 //!
@@ -189,6 +189,8 @@ mod gate;
 mod group;
 #[path = "../src/write/pool.rs"]
 mod pool;
+#[path = "../src/write/session.rs"]
+mod session;
 #[path = "../src/write/stats.rs"]
 mod stats;
 #[path = "../src/write/transaction.rs"]

@@ -96,156 +96,27 @@
 //! (`WritePool::new(pool.clone())`); a helper that took `&mut Transaction<'_, Sqlite>` takes
 //! `&mut SqliteConnection` instead, and its callers keep passing `&mut tx`.
 
-use std::any::Any;
 use std::borrow::Cow;
-use std::future::Future;
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
 
 use sqlx_core::Error;
-use sqlx_core::connection::Connection as _;
-use sqlx_core::pool::PoolConnection;
-use sqlx_core::transaction::TransactionManager;
-use sqlx_sqlite::{
-    Sqlite, SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions,
-    SqliteTransactionManager,
-};
-use tower_sqlite_retry::Retryable;
+use sqlx_sqlite::{SqliteConnection, SqlitePool};
+use tower_sqlite_retry::write::GroupCommit;
 /// Which connection write transactions begin on (the same type as the sqlx 0.9 `WritePool`'s).
 pub use tower_sqlite_retry::write::WriterConnection;
-use tower_sqlite_retry::write::shared::{self, Driver};
-use tower_sqlite_retry::write::{GroupCommit, GroupCommitFailed};
+use tower_sqlite_retry::write::shared;
 
 /// sqlx 0.8's SQLite driver, as the write path of `tower-sqlite-retry` uses it: everything
 /// else (the turn, the transaction's lifecycle, the drop protocol) is that crate's one
-/// implementation, shared with its sqlx 0.9 `WritePool`.
+/// implementation, shared with its sqlx 0.9 `WritePool`; what sqlx 0.8 is called with is that
+/// crate's too (`__sqlx_driver!`), expanded here against sqlx 0.8's crates. sqlx 0.8 has no
+/// commit hook.
 #[derive(Debug)]
 struct Sqlx08;
 
-impl Driver for Sqlx08 {
-    type Connection = SqliteConnection;
-    type Pooled = PoolConnection<Sqlite>;
-    type Pool = SqlitePool;
-    type Error = Error;
-
-    async fn acquire(pool: &SqlitePool) -> Result<PoolConnection<Sqlite>, Error> {
-        pool.acquire().await
-    }
-
-    fn detach(conn: PoolConnection<Sqlite>) -> SqliteConnection {
-        conn.detach()
-    }
-
-    fn is_closed(pool: &SqlitePool) -> bool {
-        pool.is_closed()
-    }
-
-    fn acquire_timeout(pool: &SqlitePool) -> Duration {
-        pool.options().get_acquire_timeout()
-    }
-
-    fn opener(pool: &SqlitePool) -> SqlitePool {
-        let options: SqliteConnectOptions = (*pool.connect_options()).clone();
-        let pool_options: SqlitePoolOptions = pool.options().clone();
-        pool_options
-            .max_connections(1)
-            .min_connections(0)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .test_before_acquire(false)
-            .connect_lazy_with(options)
-    }
-
-    async fn close_pool(pool: &SqlitePool) {
-        pool.close().await;
-    }
-
-    fn identity(pool: &SqlitePool) -> Arc<dyn Any + Send + Sync> {
-        pool.connect_options()
-    }
-
-    async fn main_file(conn: &mut SqliteConnection) -> Result<Option<PathBuf>, Error> {
-        let file: String = sqlx_core::query_scalar::query_scalar(
-            "SELECT file FROM pragma_database_list WHERE name = 'main'",
-        )
-        .fetch_one(conn)
-        .await?;
-        Ok((!file.is_empty()).then(|| PathBuf::from(file)))
-    }
-
-    async fn durability(conn: &mut SqliteConnection) -> Result<(bool, u8), Error> {
-        let (mode, level): (String, i64) = sqlx_core::query_as::query_as(shared::DURABILITY_SQL)
-            .fetch_one(conn)
-            .await?;
-        Ok((
-            mode.eq_ignore_ascii_case("wal"),
-            u8::try_from(level).unwrap_or(u8::MAX),
-        ))
-    }
-
-    async fn set_synchronous(conn: &mut SqliteConnection, level: u8) -> Result<(), Error> {
-        sqlx_core::query::query(shared::synchronous_pragma(level))
-            .execute(conn)
-            .await
-            .map(drop)
-    }
-
-    fn begin_immediate(
-        conn: &mut SqliteConnection,
-    ) -> impl Future<Output = Result<(), Error>> + Send + '_ {
-        SqliteTransactionManager::begin(conn, Some(Cow::Borrowed("BEGIN IMMEDIATE")))
-    }
-
-    fn commit(conn: &mut SqliteConnection) -> impl Future<Output = Result<(), Error>> + Send + '_ {
-        SqliteTransactionManager::commit(conn)
-    }
-
-    fn rollback(
-        conn: &mut SqliteConnection,
-    ) -> impl Future<Output = Result<(), Error>> + Send + '_ {
-        SqliteTransactionManager::rollback(conn)
-    }
-
-    fn start_rollback(conn: &mut SqliteConnection) {
-        SqliteTransactionManager::start_rollback(conn);
-    }
-
-    fn depth(conn: &SqliteConnection) -> usize {
-        SqliteTransactionManager::get_transaction_depth(conn)
-    }
-
-    fn ping(conn: &mut SqliteConnection) -> impl Future<Output = Result<(), Error>> + Send + '_ {
-        conn.ping()
-    }
-
-    async fn close(conn: SqliteConnection) {
-        let _ = conn.close().await;
-    }
-
-    fn timed_out() -> Error {
-        Error::PoolTimedOut
-    }
-
-    fn closed() -> Error {
-        Error::PoolClosed
-    }
-
-    fn invalid(message: String) -> Error {
-        Error::InvalidArgument(message)
-    }
-
-    fn is_database_error(error: &Error) -> bool {
-        matches!(error, Error::Database(_))
-    }
-
-    fn classify(error: &Error) -> Option<Retryable> {
-        tower_sqlite_retry::classify(error)
-    }
-
-    fn group_failed(failure: GroupCommitFailed) -> Error {
-        Error::Io(std::io::Error::other(failure))
-    }
+tower_sqlite_retry::__sqlx_driver! {
+    driver: Sqlx08,
+    begin: Cow::Borrowed("BEGIN IMMEDIATE"),
+    extra: {},
 }
 
 /// A sqlx 0.8 SQLite pool whose write transactions wait for their turn, one at a time per
@@ -283,7 +154,19 @@ impl WritePool {
             inner: self.inner.group_commit(settings),
         }
     }
+}
 
+tower_sqlite_retry::__write_wrappers! {
+    driver: Sqlx08,
+    pool: WritePool,
+    /// A write transaction begun `IMMEDIATE` in its turn ([`WritePool::begin`]).
+    ///
+    /// It derefs to the connection: `.execute(&mut *tx)`, and `sqlx::Connection::begin(&mut
+    /// *tx)` for a savepoint. [`commit`](Self::commit) commits, gives the turn back and fences the
+    /// request; dropping it rolls back as sqlx's own `Transaction` does and gives the turn back
+    /// once the rollback ran. A `commit()` cancelled after its `COMMIT` was sent fences the
+    /// request too: the `COMMIT` may have gone through.
+    transaction: WriteTransaction,
     /// Waits for this database's write turn, then begins `IMMEDIATE` on the writer connection.
     ///
     /// Fails with [`Error::PoolTimedOut`] past the request's deadline (which also bounds the
@@ -292,51 +175,8 @@ impl WritePool {
     /// open on this database, and with [`Error::PoolClosed`] once the pool is closed. After
     /// the request's earlier transaction was committed, rolled back or dropped, a second
     /// `begin` waits for the turn as any other.
-    pub async fn begin(&self) -> Result<WriteTransaction, Error> {
-        Ok(WriteTransaction {
-            inner: self.inner.begin().await?,
-        })
-    }
-}
-
-/// A write transaction begun `IMMEDIATE` in its turn ([`WritePool::begin`]).
-///
-/// It derefs to the connection: `.execute(&mut *tx)`, and `sqlx::Connection::begin(&mut
-/// *tx)` for a savepoint. [`commit`](Self::commit) commits, gives the turn back and fences the
-/// request; dropping it rolls back as sqlx's own `Transaction` does and gives the turn back
-/// once the rollback ran. A `commit()` cancelled after its `COMMIT` was sent fences the
-/// request too: the `COMMIT` may have gone through.
-pub struct WriteTransaction {
-    inner: shared::Transaction<Sqlx08>,
-}
-
-tower_sqlite_retry::__write_wrappers! {
-    pool: WritePool,
-    transaction: WriteTransaction,
+    begin,
     sqlite_pool: SqlitePool,
     connection: SqliteConnection,
     error: Error,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn assert_send_sync<T: Send + Sync>() {}
-    fn assert_send<T: Send>(_: &T) {}
-
-    #[test]
-    fn the_types_and_the_futures_are_send() {
-        assert_send_sync::<WritePool>();
-        assert_send_sync::<WriteTransaction>();
-        #[allow(dead_code)]
-        async fn futures(db: WritePool) {
-            assert_send(&db.begin());
-            let tx = db.begin().await.unwrap();
-            assert_send(&tx.commit());
-            let tx = db.begin().await.unwrap();
-            assert_send(&tx.rollback());
-            assert_send(&db.close());
-        }
-    }
 }

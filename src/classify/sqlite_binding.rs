@@ -18,10 +18,7 @@ macro_rules! sqlite_binding {
             "every driver."
         )]
         #[cfg_attr(docsrs, doc(cfg(feature = $feature)))]
-        #[deprecated(
-            since = "0.1.0",
-            note = "use `tower_sqlite_retry::classify` (or `DriverError::retryable`): one function for every driver"
-        )]
+        #[deprecated(since = "0.1.0", note = "use `tower_sqlite_retry::classify` (or `DriverError::retryable`): one function for every driver")]
         pub fn $classify(error: &$driver::Error) -> Option<Retryable> {
             error.retryable()
         }
@@ -32,10 +29,7 @@ macro_rules! sqlite_binding {
             "(crate::DriverError::is_constraint_violation)."
         )]
         #[cfg_attr(docsrs, doc(cfg(feature = $feature)))]
-        #[deprecated(
-            since = "0.1.0",
-            note = "use `DriverError::is_constraint_violation` (or `classify::is_constraint_violation`): one for every driver"
-        )]
+        #[deprecated(since = "0.1.0", note = "use `DriverError::is_constraint_violation` (or `classify::is_constraint_violation`): one for every driver")]
         pub fn $is_constraint_violation(error: &$driver::Error) -> bool {
             error.is_constraint_violation()
         }

@@ -141,7 +141,7 @@ pub trait Driver: Send + Sync + Sized + 'static {
     /// when no runtime can run it (none is current, or it is shutting down, which drops the
     /// task at once). Every task the write path spawns owns a guard that settles what it holds
     /// by its `Drop`, so a task that never runs still hands its connection and turn on
-    /// (`transaction::Settling`) or lets its waiters go (`group::Running`).
+    /// (a `Session`, settled by its `Drop`) or lets its waiters go (`group::Running`).
     fn spawn(task: impl Future<Output = ()> + Send + 'static) {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(task);

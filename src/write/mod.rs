@@ -410,6 +410,7 @@ mod gate;
 mod group;
 mod pool;
 mod queue;
+mod session;
 #[cfg(feature = "sqlite-write")]
 mod sqlx;
 mod stats;

@@ -1,165 +1,32 @@
 //! `WritePool` and `WriteTransaction`: the write path for sqlx 0.9, on the one implementation
 //! (`pool.rs`, `transaction.rs`) that the companion crate serves sqlx 0.8 with.
 
-use std::any::Any;
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-use sqlx::pool::PoolConnection;
 use sqlx_core::sql_str::SqlStr;
-use sqlx_core::transaction::TransactionManager;
-use sqlx_sqlite::{
-    Sqlite, SqliteConnectOptions, SqliteConnection, SqlitePool, SqlitePoolOptions,
-    SqliteTransactionManager,
-};
+use sqlx_sqlite::{SqliteConnection, SqlitePool};
 
-use super::driver::Driver;
-use super::failed::GroupCommitFailed;
+use super::gate::CommitGate;
 use super::group::GroupCommit;
-use super::{pool, transaction};
-use crate::classify::Retryable;
+use super::pool;
 
 /// sqlx 0.9's SQLite driver, as the write path uses it.
 #[derive(Debug)]
 struct Sqlx;
 
-impl Driver for Sqlx {
-    type Connection = SqliteConnection;
-    type Pooled = PoolConnection<Sqlite>;
-    type Pool = SqlitePool;
-    type Error = sqlx::Error;
-
-    async fn acquire(pool: &SqlitePool) -> Result<PoolConnection<Sqlite>, sqlx::Error> {
-        pool.acquire().await
-    }
-
-    fn detach(conn: PoolConnection<Sqlite>) -> SqliteConnection {
-        conn.detach()
-    }
-
-    fn is_closed(pool: &SqlitePool) -> bool {
-        pool.is_closed()
-    }
-
-    fn acquire_timeout(pool: &SqlitePool) -> Duration {
-        pool.options().get_acquire_timeout()
-    }
-
-    fn opener(pool: &SqlitePool) -> SqlitePool {
-        let options: SqliteConnectOptions = (*pool.connect_options()).clone();
-        let pool_options: SqlitePoolOptions = pool.options().clone();
-        pool_options
-            .max_connections(1)
-            .min_connections(0)
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .test_before_acquire(false)
-            .connect_lazy_with(options)
-    }
-
-    async fn close_pool(pool: &SqlitePool) {
-        pool.close().await;
-    }
-
-    fn identity(pool: &SqlitePool) -> Arc<dyn Any + Send + Sync> {
-        pool.connect_options()
-    }
-
-    async fn main_file(conn: &mut SqliteConnection) -> Result<Option<PathBuf>, sqlx::Error> {
-        let file: String =
-            sqlx::query_scalar("SELECT file FROM pragma_database_list WHERE name = 'main'")
-                .fetch_one(conn)
-                .await?;
-        Ok((!file.is_empty()).then(|| PathBuf::from(file)))
-    }
-
-    fn begin_immediate(
-        conn: &mut SqliteConnection,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_ {
-        const IMMEDIATE: SqlStr = SqlStr::from_static("BEGIN IMMEDIATE");
-        SqliteTransactionManager::begin(conn, Some(IMMEDIATE))
-    }
-
-    async fn durability(conn: &mut SqliteConnection) -> Result<(bool, u8), sqlx::Error> {
-        let (mode, level): (String, i64) = sqlx::query_as(super::driver::DURABILITY_SQL)
-            .fetch_one(conn)
-            .await?;
-        Ok((
-            mode.eq_ignore_ascii_case("wal"),
-            u8::try_from(level).unwrap_or(u8::MAX),
-        ))
-    }
-
-    async fn guard_commits(
-        conn: &mut SqliteConnection,
-        gate: Arc<super::gate::CommitGate>,
-    ) -> Result<bool, sqlx::Error> {
-        let mut handle = conn.lock_handle().await?;
-        handle.set_commit_hook(move || gate.admits());
-        Ok(true)
-    }
-
-    async fn set_synchronous(conn: &mut SqliteConnection, level: u8) -> Result<(), sqlx::Error> {
-        sqlx::query(super::driver::synchronous_pragma(level))
-            .execute(conn)
-            .await
-            .map(drop)
-    }
-
-    fn commit(
-        conn: &mut SqliteConnection,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_ {
-        SqliteTransactionManager::commit(conn)
-    }
-
-    fn rollback(
-        conn: &mut SqliteConnection,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_ {
-        SqliteTransactionManager::rollback(conn)
-    }
-
-    fn start_rollback(conn: &mut SqliteConnection) {
-        SqliteTransactionManager::start_rollback(conn);
-    }
-
-    fn depth(conn: &SqliteConnection) -> usize {
-        SqliteTransactionManager::get_transaction_depth(conn)
-    }
-
-    fn ping(
-        conn: &mut SqliteConnection,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_ {
-        sqlx::Connection::ping(conn)
-    }
-
-    async fn close(conn: SqliteConnection) {
-        let _ = sqlx::Connection::close(conn).await;
-    }
-
-    fn timed_out() -> sqlx::Error {
-        sqlx::Error::PoolTimedOut
-    }
-
-    fn closed() -> sqlx::Error {
-        sqlx::Error::PoolClosed
-    }
-
-    fn invalid(message: String) -> sqlx::Error {
-        sqlx::Error::InvalidArgument(message)
-    }
-
-    fn is_database_error(error: &sqlx::Error) -> bool {
-        matches!(error, sqlx::Error::Database(_))
-    }
-
-    fn classify(error: &sqlx::Error) -> Option<Retryable> {
-        crate::classify(error)
-    }
-
-    fn group_failed(failure: GroupCommitFailed) -> sqlx::Error {
-        sqlx::Error::Io(std::io::Error::other(failure))
-    }
+crate::__sqlx_driver! {
+    driver: Sqlx,
+    begin: SqlStr::from_static("BEGIN IMMEDIATE"),
+    extra: {
+        async fn guard_commits(
+            conn: &mut SqliteConnection,
+            gate: Arc<CommitGate>,
+        ) -> Result<bool, sqlx::Error> {
+            let mut handle = conn.lock_handle().await?;
+            handle.set_commit_hook(move || gate.admits());
+            Ok(true)
+        }
+    },
 }
 
 /// A SQLite pool whose write transactions wait for their turn, one at a time per database,
@@ -254,7 +121,20 @@ impl WritePool {
             inner: self.inner.group_commit(settings),
         }
     }
+}
 
+crate::__write_wrappers! {
+    driver: Sqlx,
+    pool: WritePool,
+    /// A write transaction begun `IMMEDIATE` in its turn ([`WritePool::begin`]).
+    ///
+    /// It derefs to the connection, as sqlx's transaction does: `.execute(&mut *tx)`, and
+    /// `sqlx::Connection::begin(&mut *tx)` for a savepoint. [`commit`](Self::commit) commits,
+    /// gives the turn back and fences the request; dropping it (an early return, a `?`, a
+    /// cancelled request) rolls back as sqlx's own `Transaction` does and gives the turn back once
+    /// the rollback ran. A `commit()` cancelled after its `COMMIT` was sent (the client went away,
+    /// a timeout) fences the request too: the `COMMIT` may have gone through.
+    transaction: WriteTransaction,
     /// Waits for this database's write turn, then begins `IMMEDIATE` on the writer connection.
     ///
     /// The wait is bounded by the current request's deadline (under the layer, or in a task
@@ -269,52 +149,8 @@ impl WritePool {
     ///
     /// The turn is held until [`WriteTransaction::commit`], [`WriteTransaction::rollback`],
     /// or the transaction is dropped (then until its rollback has run).
-    pub async fn begin(&self) -> Result<WriteTransaction, sqlx::Error> {
-        Ok(WriteTransaction {
-            inner: self.inner.begin().await?,
-        })
-    }
-}
-
-/// A write transaction begun `IMMEDIATE` in its turn ([`WritePool::begin`]).
-///
-/// It derefs to the connection, as sqlx's transaction does: `.execute(&mut *tx)`, and
-/// `sqlx::Connection::begin(&mut *tx)` for a savepoint. [`commit`](Self::commit) commits,
-/// gives the turn back and fences the request; dropping it (an early return, a `?`, a
-/// cancelled request) rolls back as sqlx's own `Transaction` does and gives the turn back once
-/// the rollback ran. A `commit()` cancelled after its `COMMIT` was sent (the client went away,
-/// a timeout) fences the request too: the `COMMIT` may have gone through.
-pub struct WriteTransaction {
-    inner: transaction::Transaction<Sqlx>,
-}
-
-crate::__write_wrappers! {
-    pool: WritePool,
-    transaction: WriteTransaction,
+    begin,
     sqlite_pool: SqlitePool,
     connection: SqliteConnection,
     error: sqlx::Error,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn assert_send_sync<T: Send + Sync>() {}
-    fn assert_send<T: Send>(_: &T) {}
-
-    #[test]
-    fn the_types_and_the_futures_are_send() {
-        assert_send_sync::<WritePool>();
-        assert_send_sync::<WriteTransaction>();
-        #[allow(dead_code)]
-        async fn futures(db: WritePool) {
-            assert_send(&db.begin());
-            let tx = db.begin().await.unwrap();
-            assert_send(&tx.commit());
-            let tx = db.begin().await.unwrap();
-            assert_send(&tx.rollback());
-            assert_send(&db.close());
-        }
-    }
 }

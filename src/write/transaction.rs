@@ -13,10 +13,13 @@
 //!       Done ◄─────────────── Done ◄──────────────────────────Done
 //!
 //!  dropped in Beginning, Open or Committing (a cancelled begin, an early return, a cancelled
-//!  commit): Committing fences first (the COMMIT may have gone through); then `finish`.
+//!  commit): Committing fences first (the COMMIT may have gone through); then the session is
+//!  abandoned.
 //! ```
 //!
-//! **`finish`**, the drop protocol, is sqlx's `Transaction::drop` and its pool's release, in
+//! The connection, the turn and their home are one `Session`, which settles them by one
+//! protocol (`session.rs`); dropped before its outcome is known, the transaction abandons it.
+//! **Abandoning**, the drop protocol, is sqlx's `Transaction::drop` and its pool's release, in
 //! that order, before anyone else gets the connection or the turn:
 //!
 //! 1. `start_rollback`, synchronously, in `Drop`: the rollback whose answer nobody reads. sqlx's
@@ -48,10 +51,9 @@ use crate::attempt::{RequestState, current_request};
 
 use super::bound::{bound, within};
 use super::driver::Driver;
-use super::gate::CommitGate;
-use super::group::{NORMAL, Syncs};
-use super::pool::{Conn, Shared, WritePool};
-use super::turn::Turn;
+use super::group::NORMAL;
+use super::pool::{Shared, WritePool};
+use super::session::Session;
 
 // A write transaction begins from the pool: here, so that the pool knows nothing of the
 // transaction built on it.
@@ -65,59 +67,28 @@ impl<D: Driver> WritePool<D> {
 /// A write transaction begun `IMMEDIATE` in its turn. See the public `WriteTransaction`s.
 pub struct Transaction<D: Driver> {
     state: State<D>,
+    /// Group commit: this transaction runs at `NORMAL`, its fsync shared (waited for after its
+    /// `COMMIT`).
+    shares_fsync: bool,
 }
 
-/// Where the transaction is: the one home of its connection, its turn and its request (which
-/// the turn names).
+/// Where the transaction is: the one home of its session (its connection, its turn and the
+/// request the turn names).
 enum State<D: Driver> {
     /// `BEGIN IMMEDIATE` sent, or about to be.
-    Beginning(Held<D>),
+    Beginning(Session<D>),
     /// Begun: what the handler holds.
-    Open(Held<D>),
+    Open(Session<D>),
     /// `COMMIT` sent, its answer not read yet.
-    Committing(Held<D>),
-    /// Over: the connection and the turn were handed on (or to `finish`).
+    Committing(Session<D>),
+    /// Over: the session was settled (or abandoned).
     Done,
-}
-
-/// What a live transaction holds.
-struct Held<D: Driver> {
-    conn: Conn<D>,
-    turn: Turn,
-    home: Arc<Shared<D>>,
-    /// Group commit: this transaction runs at `NORMAL`, its fsync shared (waited for after
-    /// its `COMMIT`).
-    shared: bool,
-}
-
-impl<D: Driver> Held<D> {
-    /// The database's target, when the connection is the `WritePool`'s own writer connection
-    /// (the one with group commit's shared fsync and the commit hook).
-    fn own_target(&self) -> Option<&super::pool::Target<D>> {
-        match self.conn {
-            Conn::Own(_) => self.home.known_target(),
-            Conn::Pooled(_) => None,
-        }
-    }
-
-    /// The commit hook of the connection, if it is the `WritePool`'s own and has one.
-    fn gate(&self) -> Option<&Arc<CommitGate>> {
-        self.own_target()?.gate.as_ref()
-    }
-
-    /// Group commit's shared fsync, if the connection is the `WritePool`'s own and has one.
-    fn syncs(&self) -> Option<&Arc<Syncs<D>>> {
-        self.own_target()?.syncs.as_ref()
-    }
 }
 
 /// Why `commit()` failed when the commit hook refused a commit the write path did not send.
 const ENDED_OUTSIDE: &str = "the write transaction was ended by a statement the write path did \
      not run (a raw COMMIT, ROLLBACK or RELEASE on it, or a trigger's RAISE(ROLLBACK)): nothing \
      of it was committed, and the statements run after that were refused and rolled back";
-
-/// How deep a transaction's savepoints are rolled back before its connection is given up.
-const MAX_DEPTH: usize = 64;
 
 impl<D: Driver> Transaction<D> {
     /// Waits for the turn of `home`'s database, then begins `IMMEDIATE` on a connection.
@@ -174,32 +145,32 @@ impl<D: Driver> Transaction<D> {
                 None => return Err(D::timed_out()),
             },
         };
-        // NOTE: from here the transaction owns the connection and the turn: dropped at any
-        // await below, it finishes them by the one drop protocol.
+        // NOTE: from here the transaction owns the session: dropped at any await below, it
+        // abandons it by the one drop protocol.
         let mut tx = Transaction {
-            state: State::Beginning(Held {
-                conn,
-                turn,
-                home: Arc::clone(home),
-                shared: false,
-            }),
+            state: State::Beginning(Session::new(conn, turn, Arc::clone(home))),
+            shares_fsync: false,
         };
-        let held = tx.held_mut();
-        // NOTE: a rollback whose answer nobody reads, before `BEGIN`, as the one `finish`
+        let session = tx.session_mut();
+        // NOTE: a rollback whose answer nobody reads, before `BEGIN`, as the one `abandon`
         // sends: a no-op on a clean connection, it clears whatever a leaked transaction (a
         // `mem::forget`) left on it, so that every transaction begins on a clean one.
-        D::start_rollback(&mut held.conn);
-        if let Some(gate) = held.gate() {
+        D::start_rollback(session.conn_mut());
+        if let Some(gate) = session.gate() {
             gate.reset();
         }
-        if let Some(syncs) = held.syncs().cloned() {
+        if let Some(syncs) = session.syncs().cloned() {
             // Group commit: `NORMAL` (the fsync shared) while others write, the pool's own
             // level for a writer alone.
-            let others = held.turn.queue().counts().has_waiting();
+            let others = session.turn().queue().counts().has_waiting();
             let (level, change) = syncs.level_for(others);
-            held.shared = level == NORMAL;
+            tx.shares_fsync = level == NORMAL;
             if let Some(level) = change {
-                let set = within(deadline, D::set_synchronous(&mut held.conn, level)).await;
+                let set = within(
+                    deadline,
+                    D::set_synchronous(tx.session_mut().conn_mut(), level),
+                )
+                .await;
                 if !matches!(set, Some(Ok(()))) {
                     syncs.forget_level();
                 }
@@ -214,11 +185,10 @@ impl<D: Driver> Transaction<D> {
                 }
             }
         }
-        let held = tx.held_mut();
-        match within(deadline, D::begin_immediate(&mut held.conn)).await {
+        match within(deadline, D::begin_immediate(tx.session_mut().conn_mut())).await {
             Some(Ok(())) => {
                 tx.state = match std::mem::replace(&mut tx.state, State::Done) {
-                    State::Beginning(held) => State::Open(held),
+                    State::Beginning(session) => State::Open(session),
                     _ => unreachable!("begin owns the transaction"),
                 };
                 Ok(tx)
@@ -231,8 +201,8 @@ impl<D: Driver> Transaction<D> {
                 Err(error)
             }
             // The deadline: the `BEGIN` is still waiting in SQLite's busy handler. The request
-            // is answered now; `finish` waits for the `BEGIN` in the background, and the turn
-            // goes on after it.
+            // is answered now; the abandoned session waits for the `BEGIN` in the background,
+            // and the turn goes on after it.
             None => Err(D::timed_out()),
         }
     }
@@ -244,10 +214,10 @@ impl<D: Driver> Transaction<D> {
     /// of this transaction left open (a nested transaction forgotten) is [`Driver::invalid`],
     /// after a rollback of everything.
     pub async fn commit(mut self) -> Result<(), D::Error> {
-        let held = self.held_mut();
-        let depth = D::depth(&held.conn);
+        let session = self.session_mut();
+        let depth = D::depth(session.conn());
         if depth != 1 {
-            let clean = roll_back_all::<D>(&mut held.conn).await;
+            let clean = session.roll_back_all().await;
             self.end(clean);
             return Err(D::invalid(if depth > 1 {
                 format!(
@@ -261,27 +231,28 @@ impl<D: Driver> Transaction<D> {
             }));
         }
         self.state = match std::mem::replace(&mut self.state, State::Done) {
-            State::Open(held) => State::Committing(held),
+            State::Open(session) => State::Committing(session),
             _ => unreachable!("a transaction the handler holds is open"),
         };
-        let held = self.held_mut();
-        let gate = held.gate().cloned();
+        let shares_fsync = self.shares_fsync;
+        let session = self.session_mut();
+        let gate = session.gate().cloned();
         if let Some(gate) = &gate {
             gate.open();
         }
-        let committed = D::commit(&mut held.conn).await;
+        let committed = D::commit(session.conn_mut()).await;
         let refused = gate.is_some_and(|gate| gate.close());
         match committed {
             Ok(()) => {
-                if let Some(request) = held.turn.request() {
+                if let Some(request) = session.turn().request() {
                     request.fence();
                 }
-                let depth = D::depth(&held.conn);
-                let handed_on = held.turn.queue().counts().has_waiting();
+                let depth = D::depth(session.conn());
+                let handed_on = session.turn().queue().counts().has_waiting();
                 // NOTE: no await since the `COMMIT`'s answer: the fsync waited for starts
                 // after it.
-                let fsync = match held.syncs() {
-                    Some(syncs) if held.shared && depth == 0 => Some(syncs.committed()),
+                let fsync = match session.syncs() {
+                    Some(syncs) if shares_fsync && depth == 0 => Some(syncs.committed()),
                     _ => None,
                 };
                 self.end(true);
@@ -305,11 +276,10 @@ impl<D: Driver> Transaction<D> {
                 // Nothing was committed: no fence. The transaction may still be open (a
                 // `COMMIT` that met `SQLITE_BUSY`, a deferred foreign key).
                 self.state = match std::mem::replace(&mut self.state, State::Done) {
-                    State::Committing(held) => State::Open(held),
+                    State::Committing(session) => State::Open(session),
                     _ => unreachable!("commit owns the transaction"),
                 };
-                let held = self.held_mut();
-                let clean = roll_back_all::<D>(&mut held.conn).await;
+                let clean = self.session_mut().roll_back_all().await;
                 self.end(clean);
                 if refused {
                     return Err(D::invalid(ENDED_OUTSIDE.to_owned()));
@@ -321,50 +291,48 @@ impl<D: Driver> Transaction<D> {
 
     /// Rolls back, and hands the connection and the turn on.
     pub async fn rollback(mut self) -> Result<(), D::Error> {
-        let held = self.held_mut();
-        let rolled_back = D::rollback(&mut held.conn).await;
-        let clean = rolled_back.is_ok() && roll_back_all::<D>(&mut held.conn).await;
+        let session = self.session_mut();
+        let rolled_back = D::rollback(session.conn_mut()).await;
+        let clean = rolled_back.is_ok() && session.roll_back_all().await;
         self.end(clean);
         rolled_back
     }
 
-    /// The connection, while the transaction is live.
-    fn held_mut(&mut self) -> &mut Held<D> {
+    /// The session, while the transaction is live.
+    fn session_mut(&mut self) -> &mut Session<D> {
         match &mut self.state {
-            State::Beginning(held) | State::Open(held) | State::Committing(held) => held,
+            State::Beginning(session) | State::Open(session) | State::Committing(session) => {
+                session
+            }
             State::Done => unreachable!("the transaction is over"),
         }
     }
 
-    /// Over, its outcome known: the connection goes back (if `reusable` and at depth 0;
-    /// closed otherwise), then the turn.
+    /// Over, its outcome known: the session settles (the connection goes back if `reusable`
+    /// and at depth 0, given up otherwise; then the turn goes on).
     fn end(&mut self, reusable: bool) {
-        if let State::Beginning(held) | State::Open(held) | State::Committing(held) =
+        if let State::Beginning(session) | State::Open(session) | State::Committing(session) =
             std::mem::replace(&mut self.state, State::Done)
         {
-            let Held {
-                conn, turn, home, ..
-            } = held;
-            home.give_back(conn, reusable);
-            drop(turn);
+            session.settle(reusable);
         }
     }
 }
 
 impl<D: Driver> Drop for Transaction<D> {
     fn drop(&mut self) {
-        let held = match std::mem::replace(&mut self.state, State::Done) {
+        let session = match std::mem::replace(&mut self.state, State::Done) {
             State::Done => return,
-            State::Beginning(held) | State::Open(held) => held,
-            State::Committing(held) => {
+            State::Beginning(session) | State::Open(session) => session,
+            State::Committing(session) => {
                 // The COMMIT may have gone through: never replay this request.
-                if let Some(request) = held.turn.request() {
+                if let Some(request) = session.turn().request() {
                     request.fence();
                 }
-                held
+                session
             }
         };
-        finish(held);
+        session.abandon();
     }
 }
 
@@ -395,77 +363,12 @@ impl Future for YieldOnce {
     }
 }
 
-/// The drop protocol (see the module docs).
-fn finish<D: Driver>(held: Held<D>) {
-    let Held {
-        mut conn,
-        mut turn,
-        home,
-        ..
-    } = held;
-    D::start_rollback(&mut conn);
-    turn.release_request();
-    let bound = bound(None, D::acquire_timeout(&home.pool));
-    let mut settling = Settling {
-        conn: Some(conn),
-        turn: Some(turn),
-        home,
-    };
-    D::spawn(async move {
-        let Some(conn) = settling.conn.as_mut() else {
-            return;
-        };
-        let settled = async { D::ping(conn).await.is_ok() && roll_back_all::<D>(conn).await };
-        let clean = within(bound, settled).await == Some(true);
-        settling.settle(clean);
-    });
-}
-
-/// A dropped transaction's connection and turn, settled once: by the task that rolls the
-/// connection back (clean, or not within its bound), or, when that task never runs (no
-/// runtime, or one shutting down) or is dropped midway, by this guard's `Drop`, which hands
-/// the connection back as not clean (detached from its pool, or closed) and the turn on.
-struct Settling<D: Driver> {
-    conn: Option<Conn<D>>,
-    turn: Option<Turn>,
-    home: Arc<Shared<D>>,
-}
-
-impl<D: Driver> Settling<D> {
-    fn settle(&mut self, clean: bool) {
-        if let Some(conn) = self.conn.take() {
-            self.home.give_back(conn, clean);
-        }
-        // The turn goes on once the connection is back.
-        drop(self.turn.take());
-    }
-}
-
-impl<D: Driver> Drop for Settling<D> {
-    fn drop(&mut self) {
-        self.settle(false);
-    }
-}
-
-/// Rolls back every level still open (acknowledged); whether the connection is at depth 0.
-async fn roll_back_all<D: Driver>(conn: &mut D::Connection) -> bool {
-    for _ in 0..MAX_DEPTH {
-        if D::depth(conn) == 0 {
-            return true;
-        }
-        if D::rollback(conn).await.is_err() {
-            return false;
-        }
-    }
-    D::depth(conn) == 0
-}
-
 impl<D: Driver> std::ops::Deref for Transaction<D> {
     type Target = D::Connection;
 
     fn deref(&self) -> &D::Connection {
         match &self.state {
-            State::Open(held) => &held.conn,
+            State::Open(session) => session.conn(),
             _ => unreachable!("a transaction the handler holds is open"),
         }
     }
@@ -474,7 +377,7 @@ impl<D: Driver> std::ops::Deref for Transaction<D> {
 impl<D: Driver> std::ops::DerefMut for Transaction<D> {
     fn deref_mut(&mut self) -> &mut D::Connection {
         match &mut self.state {
-            State::Open(held) => &mut held.conn,
+            State::Open(session) => session.conn_mut(),
             _ => unreachable!("a transaction the handler holds is open"),
         }
     }
@@ -483,9 +386,9 @@ impl<D: Driver> std::ops::DerefMut for Transaction<D> {
 impl<D: Driver> fmt::Debug for Transaction<D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (state, turn) = match &self.state {
-            State::Beginning(held) => ("beginning", Some(&held.turn)),
-            State::Open(held) => ("open", Some(&held.turn)),
-            State::Committing(held) => ("committing", Some(&held.turn)),
+            State::Beginning(session) => ("beginning", Some(session.turn())),
+            State::Open(session) => ("open", Some(session.turn())),
+            State::Committing(session) => ("committing", Some(session.turn())),
             State::Done => ("done", None),
         };
         f.debug_struct("WriteTransaction")

@@ -1,22 +1,213 @@
-//! The public `WritePool` / `WriteTransaction` wrappers' delegations, written once for every
-//! sqlx version: expanded in `write/sqlx.rs` (sqlx 0.9) and in the companion crate
-//! `tower-sqlite-retry-sqlx08`, each with its own types. What differs between the two (the
-//! constructor, `begin`, `group_commit`, their documentation) stays beside the expansion.
+//! What the write path has of a sqlx version, written once for every version: the `Driver`
+//! implementation (`__sqlx_driver!`) and the public `WritePool` / `WriteTransaction`
+//! wrappers' delegations (`__write_wrappers!`), expanded in `write/sqlx.rs` (sqlx 0.9) and in
+//! the companion crate `tower-sqlite-retry-sqlx08`, each against its own `sqlx_core` and
+//! `sqlx_sqlite`. What differs between the two (how `BEGIN IMMEDIATE` is spelt, the commit
+//! hook sqlx 0.8 lacks, the constructor, `begin`, `group_commit`, their documentation) stays
+//! beside the expansion.
 
-/// Expands, for a wrapper pair `$pool { inner: WritePool<D> }` and `$tx { inner:
-/// Transaction<D> }` of one sqlx version, their delegating methods and trait impls. Doc-hidden:
+/// Expands `impl Driver for $driver` against the `sqlx_core` and `sqlx_sqlite` crates of the
+/// crate that expands it (sqlx 0.9 here, 0.8 in the companion crate: their APIs agree on
+/// everything used here but the `BEGIN` statement's type, given as `begin`). `$extra` are
+/// further `Driver` methods one version has (sqlx 0.9's commit hook). Doc-hidden, as
+/// [`__write_wrappers!`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __sqlx_driver {
+    (
+        driver: $driver:ident,
+        begin: $begin:expr,
+        extra: { $($extra:item)* } $(,)?
+    ) => {
+        impl $crate::write::shared::Driver for $driver {
+            type Connection = ::sqlx_sqlite::SqliteConnection;
+            type Pooled = ::sqlx_core::pool::PoolConnection<::sqlx_sqlite::Sqlite>;
+            type Pool = ::sqlx_sqlite::SqlitePool;
+            type Error = ::sqlx_core::Error;
+
+            async fn acquire(
+                pool: &::sqlx_sqlite::SqlitePool,
+            ) -> ::std::result::Result<Self::Pooled, ::sqlx_core::Error> {
+                pool.acquire().await
+            }
+
+            fn detach(conn: Self::Pooled) -> ::sqlx_sqlite::SqliteConnection {
+                conn.detach()
+            }
+
+            fn is_closed(pool: &::sqlx_sqlite::SqlitePool) -> bool {
+                pool.is_closed()
+            }
+
+            fn acquire_timeout(pool: &::sqlx_sqlite::SqlitePool) -> ::std::time::Duration {
+                pool.options().get_acquire_timeout()
+            }
+
+            fn opener(pool: &::sqlx_sqlite::SqlitePool) -> ::sqlx_sqlite::SqlitePool {
+                let options: ::sqlx_sqlite::SqliteConnectOptions =
+                    (*pool.connect_options()).clone();
+                let pool_options: ::sqlx_sqlite::SqlitePoolOptions = pool.options().clone();
+                pool_options
+                    .max_connections(1)
+                    .min_connections(0)
+                    .idle_timeout(None)
+                    .max_lifetime(None)
+                    .test_before_acquire(false)
+                    .connect_lazy_with(options)
+            }
+
+            async fn close_pool(pool: &::sqlx_sqlite::SqlitePool) {
+                pool.close().await;
+            }
+
+            fn identity(
+                pool: &::sqlx_sqlite::SqlitePool,
+            ) -> ::std::sync::Arc<dyn ::std::any::Any + Send + Sync> {
+                pool.connect_options()
+            }
+
+            async fn main_file(
+                conn: &mut ::sqlx_sqlite::SqliteConnection,
+            ) -> ::std::result::Result<::std::option::Option<::std::path::PathBuf>, ::sqlx_core::Error>
+            {
+                let file: String = ::sqlx_core::query_scalar::query_scalar(
+                    "SELECT file FROM pragma_database_list WHERE name = 'main'",
+                )
+                .fetch_one(conn)
+                .await?;
+                Ok((!file.is_empty()).then(|| ::std::path::PathBuf::from(file)))
+            }
+
+            fn begin_immediate(
+                conn: &mut ::sqlx_sqlite::SqliteConnection,
+            ) -> impl ::std::future::Future<Output = ::std::result::Result<(), ::sqlx_core::Error>>
+            + Send
+            + '_ {
+                <::sqlx_sqlite::SqliteTransactionManager as ::sqlx_core::transaction::TransactionManager>::begin(
+                    conn,
+                    Some($begin),
+                )
+            }
+
+            async fn durability(
+                conn: &mut ::sqlx_sqlite::SqliteConnection,
+            ) -> ::std::result::Result<(bool, u8), ::sqlx_core::Error> {
+                let (mode, level): (String, i64) =
+                    ::sqlx_core::query_as::query_as($crate::write::shared::DURABILITY_SQL)
+                        .fetch_one(conn)
+                        .await?;
+                Ok((
+                    mode.eq_ignore_ascii_case("wal"),
+                    u8::try_from(level).unwrap_or(u8::MAX),
+                ))
+            }
+
+            async fn set_synchronous(
+                conn: &mut ::sqlx_sqlite::SqliteConnection,
+                level: u8,
+            ) -> ::std::result::Result<(), ::sqlx_core::Error> {
+                ::sqlx_core::query::query($crate::write::shared::synchronous_pragma(level))
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            }
+
+            fn commit(
+                conn: &mut ::sqlx_sqlite::SqliteConnection,
+            ) -> impl ::std::future::Future<Output = ::std::result::Result<(), ::sqlx_core::Error>>
+            + Send
+            + '_ {
+                <::sqlx_sqlite::SqliteTransactionManager as ::sqlx_core::transaction::TransactionManager>::commit(conn)
+            }
+
+            fn rollback(
+                conn: &mut ::sqlx_sqlite::SqliteConnection,
+            ) -> impl ::std::future::Future<Output = ::std::result::Result<(), ::sqlx_core::Error>>
+            + Send
+            + '_ {
+                <::sqlx_sqlite::SqliteTransactionManager as ::sqlx_core::transaction::TransactionManager>::rollback(conn)
+            }
+
+            fn start_rollback(conn: &mut ::sqlx_sqlite::SqliteConnection) {
+                <::sqlx_sqlite::SqliteTransactionManager as ::sqlx_core::transaction::TransactionManager>::start_rollback(conn);
+            }
+
+            fn depth(conn: &::sqlx_sqlite::SqliteConnection) -> usize {
+                <::sqlx_sqlite::SqliteTransactionManager as ::sqlx_core::transaction::TransactionManager>::get_transaction_depth(conn)
+            }
+
+            fn ping(
+                conn: &mut ::sqlx_sqlite::SqliteConnection,
+            ) -> impl ::std::future::Future<Output = ::std::result::Result<(), ::sqlx_core::Error>>
+            + Send
+            + '_ {
+                ::sqlx_core::connection::Connection::ping(conn)
+            }
+
+            async fn close(conn: ::sqlx_sqlite::SqliteConnection) {
+                let _ = ::sqlx_core::connection::Connection::close(conn).await;
+            }
+
+            fn timed_out() -> ::sqlx_core::Error {
+                ::sqlx_core::Error::PoolTimedOut
+            }
+
+            fn closed() -> ::sqlx_core::Error {
+                ::sqlx_core::Error::PoolClosed
+            }
+
+            fn invalid(message: String) -> ::sqlx_core::Error {
+                ::sqlx_core::Error::InvalidArgument(message)
+            }
+
+            fn is_database_error(error: &::sqlx_core::Error) -> bool {
+                matches!(error, ::sqlx_core::Error::Database(_))
+            }
+
+            fn classify(error: &::sqlx_core::Error) -> ::std::option::Option<$crate::Retryable> {
+                $crate::classify(error)
+            }
+
+            fn group_failed(failure: $crate::write::GroupCommitFailed) -> ::sqlx_core::Error {
+                ::sqlx_core::Error::Io(::std::io::Error::other(failure))
+            }
+
+            $($extra)*
+        }
+    };
+}
+
+/// Expands, for a wrapper `$pool { inner: WritePool<$driver> }` of one sqlx version, the
+/// transaction type `$tx { inner: Transaction<$driver> }` and `$pool::begin` (each with the
+/// documentation given), and both types' delegating methods and trait impls. Doc-hidden:
 /// for this crate and its sqlx 0.8 companion, which pins this crate's exact version.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __write_wrappers {
     (
+        driver: $driver:ident,
         pool: $pool:ident,
+        $(#[$tx_meta:meta])*
         transaction: $tx:ident,
+        $(#[$begin_meta:meta])*
+        begin,
         sqlite_pool: $sqlite_pool:ty,
         connection: $connection:ty,
         error: $error:ty $(,)?
     ) => {
+        $(#[$tx_meta])*
+        pub struct $tx {
+            inner: $crate::write::shared::Transaction<$driver>,
+        }
+
         impl $pool {
+            $(#[$begin_meta])*
+            pub async fn begin(&self) -> ::std::result::Result<$tx, $error> {
+                ::std::result::Result::Ok($tx {
+                    inner: self.inner.begin().await?,
+                })
+            }
+
             /// Which connection write transactions begin on: one of this `WritePool`'s own
             /// ([`WriterConnection::Own`]($crate::write::WriterConnection::Own), the default:
             /// opened when first needed with the application pool's connect and pool options,
@@ -166,5 +357,25 @@ macro_rules! __write_wrappers {
                 self.inner.fmt(f)
             }
         }
+
+        // Asserted at compile time: both types are `Send + Sync`, and so are the futures of
+        // `begin`, `commit`, `rollback` and `close` (a handler holding them is `Send`).
+        const _: () = {
+            fn send_sync<T: Send + Sync>() {}
+            fn send<T: Send>(_: &T) {}
+            #[allow(dead_code)]
+            fn types() {
+                send_sync::<$pool>();
+                send_sync::<$tx>();
+            }
+            #[allow(dead_code, unused_must_use)]
+            async fn futures(db: $pool) -> ::std::result::Result<(), $error> {
+                send(&db.begin());
+                send(&db.begin().await?.commit());
+                send(&db.begin().await?.rollback());
+                send(&db.close());
+                Ok(())
+            }
+        };
     };
 }

@@ -40,7 +40,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use bytes::Buf;
 use http::request::Parts;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body::Body;
@@ -53,12 +52,17 @@ use tracing::Span;
 use crate::admission::{Admitted, RouteLimit};
 pub use crate::attempt::InRequest;
 use crate::attempt::{Attempt, Outcome, RequestState, RetryOutcome, with_current};
-use crate::body::{Buffered, Caps, Collected, Collector, NotReplayable, Recording, ReplayBody};
+use crate::body::{NotReplayable, ReplayBody};
 use crate::classify::{ClassifyError, Retryable};
 use crate::decide::{After, Decision, Verdict, decide, gave_up, invites_retry};
 use crate::recorder;
 use crate::route::Route;
 use crate::shared::Shared;
+
+mod report;
+mod source;
+
+use self::source::Source;
 
 /// The longest backoff of a request that holds a writer-admission slot while others queue
 /// behind it, in `base_delay`s.
@@ -184,18 +188,6 @@ impl<R, E> Default for Replays<R, E> {
     }
 }
 
-/// Where attempts get their body from.
-enum Source<B: Body> {
-    /// Being read whole (state `Buffering`), until the upload's deadline.
-    Collecting(Collector<B>, Option<Instant>),
-    /// Read whole: every attempt gets the same bytes.
-    Buffered(Buffered),
-    /// Recorded as the first attempt reads it (`Expect: 100-continue`).
-    Recording(Recording<B>),
-    /// For one attempt only, and why (`None`: the policy allows one attempt).
-    Once(Option<ReplayBody<B>>, Option<NotReplayable>),
-}
-
 /// What the next attempt has gathered on its way through the queues.
 #[derive(Default)]
 struct Pending {
@@ -239,11 +231,9 @@ impl<S, C, B> ResponseFuture<S, C, B>
 where
     S: Service<Request<ReplayBody<B>>>,
     B: Body,
-    B::Data: Buf,
 {
     pub(crate) fn new(service: S, classifier: C, shared: Arc<Shared>, req: Request<B>) -> Self {
         let policy = &shared.policy;
-        let max_attempts = policy.max_attempts;
         let (head, body) = req.into_parts();
         let route = Route::of(&head);
         // NOTE: no span yet: a first attempt that succeeds pays for none. The request's span
@@ -271,65 +261,8 @@ where
             budget.deposit();
         }
 
-        let upgrade = head.method == Method::CONNECT || head.headers.contains_key(header::UPGRADE);
-        let pass = |why: Option<NotReplayable>, body: B| {
-            if let Some(why) = why {
-                tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
-                    retry.not_replayable = why.as_str(),
-                    "passing through without retries"
-                );
-            }
-            Source::Once(Some(ReplayBody::direct(body)), why)
-        };
-        let body = if max_attempts <= 1 {
-            pass(None, body)
-        } else if upgrade {
-            pass(Some(NotReplayable::Upgrade), body)
-        } else if body.is_end_stream() && body.size_hint().exact() == Some(0) {
-            // Nothing to read (a GET): no header but the upgrade's matters.
-            Source::Buffered(Buffered::empty())
-        } else {
-            let declared = head
-                .headers
-                .get(header::CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok());
-            let over_cap = |n: u64| usize::try_from(n).map_or(true, |n| n > policy.max_body_bytes);
-            let declared_over_cap =
-                declared.is_some_and(over_cap) || over_cap(body.size_hint().lower());
-            let declared = declared.and_then(|n| usize::try_from(n).ok());
-            let caps = Caps {
-                body: policy.max_body_bytes,
-                in_flight: policy.max_buffered_bytes,
-            };
-            if declared_over_cap {
-                pass(Some(NotReplayable::DeclaredOverCap), body)
-            } else if body.is_end_stream() {
-                Source::Buffered(Buffered::empty())
-            } else if head
-                .headers
-                .get(header::EXPECT)
-                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
-            {
-                // The client waits for the go-ahead: let the first attempt read (and so ask
-                // for) the body, and record it as it goes, within the deadline from the
-                // request's start (as a buffered body is).
-                Source::Recording(Recording::new(
-                    body,
-                    shared.in_flight.clone(),
-                    caps,
-                    declared,
-                    Instant::now().checked_add(policy.deadline),
-                ))
-            } else {
-                Source::Collecting(
-                    Collector::new(body, shared.in_flight.clone(), caps, declared),
-                    // The upload's own deadline, from the request's start.
-                    Instant::now().checked_add(policy.deadline),
-                )
-            }
-        };
-        let state = if matches!(body, Source::Collecting(..)) {
+        let body = Source::of(&head, body, &shared);
+        let state = if body.is_collecting() {
             State::Buffering
         } else {
             request.start(Instant::now().checked_add(policy.deadline));
@@ -387,7 +320,6 @@ where
     S: Service<Request<ReplayBody<B>>, Response = Response<ResBody>>,
     C: ClassifyError<S::Error>,
     B: Body,
-    B::Data: Buf,
     ResBody: Default,
 {
     type Output = Result<Response<ResBody>, S::Error>;
@@ -448,7 +380,6 @@ where
     S: Service<Request<ReplayBody<B>>, Response = Response<ResBody>>,
     C: ClassifyError<S::Error>,
     B: Body,
-    B::Data: Buf,
     ResBody: Default,
 {
     /// `Buffering`: reads the body whole; the deadline runs from its end (the upload's pace
@@ -478,16 +409,7 @@ where
         };
         // The attempts' deadline gets a timer of its own.
         self.timer = None;
-        self.body = match collected {
-            Collected::Replayable(buffered) => Source::Buffered(buffered),
-            Collected::PassThrough(body, why) => {
-                tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
-                    retry.not_replayable = why.as_str(),
-                    "passing through without retries"
-                );
-                Source::Once(Some(body), Some(why))
-            }
-        };
+        self.body = Source::collected(collected);
         self.request
             .start(Instant::now().checked_add(self.shared.policy.deadline));
         Poll::Ready(Next::To(State::Queue {
@@ -653,16 +575,8 @@ where
         }
         let n = self.attempt + 1;
         let last = n >= self.shared.policy.max_attempts;
-        let (body, last) = match &mut self.body {
-            Source::Buffered(buffered) => (buffered.body(), last),
-            // A recording lost since the checkpoint (a task of an earlier attempt read past a
-            // cap on another thread) never yields a body: no replay on what is left of it.
-            Source::Recording(recording) => match recording.body(last) {
-                Some(body) => (body, last),
-                None => return self.stop(Outcome::NotReplayable, pending),
-            },
-            Source::Once(body, _) => (body.take().expect("one attempt only"), true),
-            Source::Collecting(..) => unreachable!("body read before the first call"),
+        let Some((body, last)) = self.body.for_attempt(last) else {
+            return self.stop(Outcome::NotReplayable, pending);
         };
         if self.attempt > 0
             && let Some(budget) = &self.shared.policy.budget
@@ -906,28 +820,6 @@ where
     S: Service<Request<ReplayBody<B>>>,
     B: Body,
 {
-    /// The request's span, opened the first time a replay, a give-up or a real wait is in
-    /// question (a first attempt that succeeds opens none), as a child of the span current
-    /// then (the caller's).
-    fn span(&mut self) -> Span {
-        if self.span.is_none() {
-            self.span = tracing::info_span!(
-                target: "tower_sqlite_retry",
-                "sqlite_retry",
-                http.request.method = %self.request.route().method,
-                http.route = self.request.route().path(),
-                retry.max_attempts = self.shared.policy.max_attempts,
-                retry.attempts = tracing::field::Empty,
-                retry.outcome = tracing::field::Empty,
-                http.request.resend_count = tracing::field::Empty,
-                retry.queue_ms = tracing::field::Empty,
-                db.response.status_code = tracing::field::Empty,
-                error.type = tracing::field::Empty,
-            );
-        }
-        self.span.clone()
-    }
-
     fn replays(&mut self) -> &mut Replays<S::Response, S::Error> {
         self.replays.get_or_insert_with(Box::default)
     }
@@ -972,166 +864,12 @@ where
 
     /// Why this request's body cannot go to another attempt, if it cannot.
     fn not_replayable(&self) -> Option<NotReplayable> {
-        match &self.body {
-            Source::Once(_, why) => *why,
-            Source::Recording(r) => r.not_replayable(),
-            Source::Buffered(_) | Source::Collecting(..) => None,
-        }
+        self.body.not_replayable()
     }
 
     /// Whether this request's body can go to another attempt.
     fn replayable(&self) -> bool {
-        !matches!(self.body, Source::Once(..)) && self.not_replayable().is_none()
-    }
-
-    /// The response future was dropped before the answer: `queued` is the wait it was in.
-    fn cancelled(&self, queued: Option<Duration>) {
-        let _entered = self.span.enter();
-        if let Some(waited) = queued {
-            recorder::queue_wait(
-                self.request.route().path(),
-                &self.request.route().method,
-                waited,
-            );
-        }
-        tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
-            retry.attempts = self.attempt,
-            http.request.method = %self.request.route().method,
-            http.route = self.request.route().path(),
-            "request cancelled"
-        );
-        // An inner layer that took the request over counts it (its future is dropped next).
-        let passed_through = self.request.is_claimed();
-        self.end(Outcome::Cancelled, self.attempt, passed_through);
-    }
-
-    /// The end of the request, whatever it was: the slot goes back (earlier if the handler
-    /// fenced), the end is recorded, the recording stops.
-    fn end(&self, outcome: Outcome, attempts: u32, passed_through: bool) {
-        // An attempt's `Attempt` may outlive this future (a task the handler spawned): the
-        // slot must not live on with it.
-        self.request.release_slot();
-        let (reason, backoff, waited) = match self.replays.as_deref() {
-            Some(r) => (r.reason.as_ref(), r.total_delay, r.waited),
-            None => (None, Duration::ZERO, Duration::ZERO),
-        };
-        if !waited.is_zero() {
-            self.span
-                .record("retry.queue_ms", waited.as_secs_f64() * 1000.0);
-        }
-        let end = End {
-            outcome,
-            attempts,
-            reason,
-            backoff,
-            passed_through,
-        };
-        record_end(&self.span, &self.shared, &self.request, end);
-        if let Source::Recording(r) = &self.body {
-            r.stop();
-        }
-    }
-
-    fn replay_event(&self, attempt: u32, delay: Duration) {
-        let reason = self.reason();
-        let elapsed_ms = self.elapsed().as_millis() as u64;
-        let delay_ms = delay.as_secs_f64() * 1000.0;
-        macro_rules! replay_event {
-            ($level:expr) => {
-                tracing::event!(target: "tower_sqlite_retry", $level,
-                    retry.attempt = attempt,
-                    retry.delay_ms = delay_ms,
-                    retry.elapsed_ms = elapsed_ms,
-                    db.response.status_code = reason.map(Retryable::code),
-                    error.type = reason.map(Retryable::name),
-                    http.request.method = %self.request.route().method,
-                    http.route = self.request.route().path(),
-                    "retrying request"
-                )
-            };
-        }
-        use tracing::Level;
-        match self.shared.policy.replay_event_level {
-            l if l == Level::TRACE => replay_event!(Level::TRACE),
-            l if l == Level::DEBUG => replay_event!(Level::DEBUG),
-            l if l == Level::INFO => replay_event!(Level::INFO),
-            l if l == Level::WARN => replay_event!(Level::WARN),
-            _ => replay_event!(Level::ERROR),
-        }
-    }
-
-    fn gave_up_event(&self, outcome: Outcome, attempts: u32) {
-        let reason = self.reason();
-        let not_replayable = self.not_replayable().map(NotReplayable::as_str);
-        let elapsed_ms = self.elapsed().as_millis() as u64;
-        macro_rules! stop_event {
-            ($level:expr, $message:literal) => {
-                tracing::event!(target: "tower_sqlite_retry", $level,
-                    retry.attempts = attempts,
-                    retry.elapsed_ms = elapsed_ms,
-                    retry.outcome = outcome.as_str(),
-                    retry.not_replayable = not_replayable,
-                    db.response.status_code = reason.map(Retryable::code),
-                    error.type = reason.map(Retryable::name),
-                    http.request.method = %self.request.route().method,
-                    http.route = self.request.route().path(),
-                    $message
-                )
-            };
-        }
-        match outcome {
-            Outcome::Exhausted | Outcome::Deadline => {
-                stop_event!(tracing::Level::ERROR, "retries exhausted")
-            }
-            _ => stop_event!(tracing::Level::WARN, "not retried"),
-        }
-    }
-}
-
-/// How a request ended, as recorded.
-struct End<'a> {
-    outcome: Outcome,
-    attempts: u32,
-    reason: Option<&'a Retryable>,
-    backoff: Duration,
-    /// An inner layer handled the request: it emitted the metrics already.
-    passed_through: bool,
-}
-
-/// Records how a request ended: the span's fields, the counters, the metrics, and the outer
-/// layer that handed the request over, if any.
-fn record_end(span: &Span, shared: &Shared, request: &RequestState, end: End<'_>) {
-    let route = request.route();
-    let End {
-        outcome,
-        attempts,
-        reason,
-        backoff,
-        passed_through,
-    } = end;
-    span.record("retry.attempts", attempts);
-    span.record("retry.outcome", outcome.as_str());
-    if attempts > 1 {
-        span.record("http.request.resend_count", attempts - 1);
-    }
-    if let Some(r) = reason {
-        span.record("db.response.status_code", r.code());
-        span.record("error.type", r.name());
-    }
-    shared.counters.finished(outcome, attempts);
-    if !passed_through {
-        recorder::request_finished(
-            route.path(),
-            &route.method,
-            outcome,
-            // The error names the outcome only when the request ended on it.
-            reason.filter(|_| gave_up(outcome)).map(Retryable::name),
-            attempts,
-            backoff,
-        );
-    }
-    if let Some(outer) = request.outer() {
-        outer.report(outcome, attempts);
+        self.body.replayable()
     }
 }
 
