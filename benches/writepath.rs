@@ -189,6 +189,10 @@ struct Args {
     /// cell, would do less.
     #[arg(long)]
     prep_rounds: Option<u64>,
+    /// Print the hashing rounds that take about `--prep-us` here, and exit (for scripts that
+    /// start the servers themselves: `benches/scripts/wrk-group.sh`, `PREP_US`).
+    #[arg(long)]
+    calibrate: bool,
     /// Objects seeded per collection (reads pick one).
     #[arg(long, default_value_t = 200)]
     seed: u32,
@@ -491,7 +495,9 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
                 | Config::LayerWriteReadLimit
                 | Config::LayerWriteGroupReadLimit
         ) {
-            let mut layer = SqliteRetryLayer::new(RetryPolicy::default());
+            // The read limit is the layer's default: the configurations without one turn it
+            // off, those with one set it as the default does (one read per core).
+            let mut layer = SqliteRetryLayer::new(RetryPolicy::default()).without_read_limit();
             if matches!(
                 config,
                 Config::LayerWriteReadLimit | Config::LayerWriteGroupReadLimit
@@ -1073,6 +1079,10 @@ fn main() -> ExitCode {
         args.synchronous == "full",
         std::sync::atomic::Ordering::Relaxed,
     );
+    if args.calibrate {
+        println!("{}", calibrate(args.prep_us));
+        return ExitCode::SUCCESS;
+    }
     if let Some(config) = args.serve {
         let db = args.db.clone().expect("--db with --serve");
         let rounds = args.prep_rounds.unwrap_or_else(|| calibrate(args.prep_us));

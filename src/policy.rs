@@ -513,14 +513,22 @@ fn uniform(rng: &mut fastrand::Rng, lo: Duration, hi: Duration) -> Duration {
 ///
 /// On SQLite with the [write path](crate::write), every write waits for the one transaction
 /// holding the database's turn, and that transaction's statements share the CPU with every
-/// read in flight. Give the layer a read limit when reads crowd the writer out: writes slow
-/// down as reads grow (the turn's held time, [`WriteStats`](crate::write::WriteStats), grows
-/// with them). It trades reads for writes (`BENCHMARKS.md` has the figures: with 64 writers
-/// and 16 readers on two cores, one read per core took the write path's writes from 0.96× to
-/// 1.00× those of `BEGIN IMMEDIATE`, and its reads from 6× down to 4×).
+/// read in flight: writes slow down as reads grow (the turn's held time,
+/// [`WriteStats`](crate::write::WriteStats), grows with them). The read limit trades reads
+/// for writes while writers queue.
+///
+/// **On by default** ([`ReadLimit::default`]: one read per core, each waiting at most 10 ms);
+/// [`SqliteRetryLayer::without_read_limit`](crate::SqliteRetryLayer::without_read_limit) turns
+/// it off. Why: with group commit (the write path's default), 64 writers and 16 readers on two
+/// cores at `synchronous = FULL`, measured with `wrk` in its own process against `BEGIN
+/// IMMEDIATE` on a pool of 8 (`BENCHMARKS.md`): without the limit the write path's writes were
+/// 0.88×, 1.60× and 1.91× in three runs (reads 18.6×, 24.3×, 31.9×); with it 1.00×, 2.29× and
+/// 2.33× (reads 12.4×, 14.2× and more). It costs nothing where no writer waits for a turn: a
+/// service without the write path never meets it.
 ///
 /// - Reads are never held back while no writer waits: a read-mostly service is not slowed,
-///   nor is any service without the write path (PostgreSQL, MySQL, a plain pool).
+///   nor is any service without the write path (PostgreSQL, MySQL, a plain pool): the limit
+///   is off for them in effect, whatever the layer says.
 /// - A read held back waits first come first served, at most [`max_wait`](Self::max_wait)
 ///   (10 ms by default), then runs without a place: the limit shares the CPU out, it never
 ///   starves a read. The request's deadline bounds that wait too.
@@ -550,6 +558,23 @@ fn uniform(rng: &mut fastrand::Rng, lo: Duration, hi: Duration) -> Duration {
 pub struct ReadLimit {
     reads: NonZeroUsize,
     wait: Duration,
+}
+
+impl Default for ReadLimit {
+    /// The layer's default: one read per core
+    /// ([`available_parallelism`](std::thread::available_parallelism), one if unknown) while
+    /// writers wait, each waiting at most 10 ms for its place.
+    ///
+    /// ```
+    /// use tower_sqlite_retry::policy::ReadLimit;
+    ///
+    /// let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    /// assert_eq!(ReadLimit::default().reads().get(), cores);
+    /// assert_eq!(ReadLimit::default().wait(), std::time::Duration::from_millis(10));
+    /// ```
+    fn default() -> Self {
+        Self::new(std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN))
+    }
 }
 
 impl ReadLimit {

@@ -116,8 +116,10 @@ impl<C> SqliteRetryLayer<C> {
     /// database's turn, so that the writer's transaction gets the CPU: at most
     /// [`limit.reads()`](ReadLimit::reads) at once, each waiting at most
     /// [`limit.wait()`](ReadLimit::wait) for its place (see [`ReadLimit`] for when it pays
-    /// and what it trades). Off by default. The returned layer keeps this one's counters,
-    /// replay gate and admission, and has a read limit of its own.
+    /// and what it trades). On by default with [`ReadLimit::default`] (one read per core);
+    /// this sets another, [`without_read_limit`](Self::without_read_limit) none. The returned
+    /// layer keeps this one's counters, replay gate and admission, and has a read limit of its
+    /// own.
     ///
     /// # Panics
     ///
@@ -138,7 +140,25 @@ impl<C> SqliteRetryLayer<C> {
             panic!("{e}");
         }
         Self {
-            shared: Arc::new(self.shared.with_read_limit(limit)),
+            shared: Arc::new(self.shared.with_read_limit(Some(limit))),
+            classifier: self.classifier,
+        }
+    }
+
+    /// The same layer with no read limit: `GET` and `HEAD` requests are never held back, even
+    /// while writers wait for a database's turn (the read limit is on by default, see
+    /// [`ReadLimit`]). The returned layer keeps this one's counters, replay gate and
+    /// admission.
+    ///
+    /// ```
+    /// use tower_sqlite_retry::SqliteRetryLayer;
+    ///
+    /// let layer = SqliteRetryLayer::default().without_read_limit();
+    /// # let _ = layer;
+    /// ```
+    pub fn without_read_limit(self) -> Self {
+        Self {
+            shared: Arc::new(self.shared.with_read_limit(None)),
             classifier: self.classifier,
         }
     }

@@ -29,28 +29,32 @@ impl Shared {
     /// A new layer's state, for a policy already validated.
     pub(crate) fn new(policy: RetryPolicy) -> Self {
         let gate = policy.replay_gate.map(|n| Arc::new(Semaphore::new(n)));
-        let reads = policy.read_limit.map(|n| Arc::new(Semaphore::new(n.get())));
+        // The read limit: the (deprecated) policy's, else the layer's default.
+        let limit = match policy.read_limit {
+            Some(reads) => ReadLimit::new(reads).max_wait(policy.read_wait),
+            None => ReadLimit::default(),
+        };
         Self {
             admissions: Arc::new(Admissions::new(policy.admission)),
-            read_wait: policy.read_wait,
+            reads: Some(Arc::new(Semaphore::new(limit.reads().get()))),
+            read_wait: limit.wait(),
             policy,
             counters: Arc::default(),
             in_flight: Arc::default(),
             gate,
-            reads,
         }
     }
 
     /// The same state (counters, buffer account, replay gate, admission shared with this
-    /// one), with a read limit of its own.
-    pub(crate) fn with_read_limit(&self, limit: ReadLimit) -> Self {
+    /// one), with a read limit of its own (`None`: none).
+    pub(crate) fn with_read_limit(&self, limit: Option<ReadLimit>) -> Self {
         Self {
             policy: self.policy.clone(),
             counters: self.counters.clone(),
             in_flight: self.in_flight.clone(),
             gate: self.gate.clone(),
-            reads: Some(Arc::new(Semaphore::new(limit.reads().get()))),
-            read_wait: limit.wait(),
+            reads: limit.map(|limit| Arc::new(Semaphore::new(limit.reads().get()))),
+            read_wait: limit.map_or(self.read_wait, |limit| limit.wait()),
             admissions: self.admissions.clone(),
         }
     }

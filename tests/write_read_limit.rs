@@ -1,6 +1,7 @@
 //! The read limit (`SqliteRetryLayer::limit_reads_while_writers_wait`, `ReadLimit`): while a writer waits for a write
 //! turn, at most `n` `GET`/`HEAD` handlers under the layer run at once; a read held back runs
 //! anyway after its `max_wait`; writes, and reads while no writer waits, are never held back.
+//! On by default (one read per core); `without_read_limit()` turns it off.
 //!
 //! Real SQLite files, real `WritePool`s, real HTTP over loopback. Every wait is made by a
 //! transaction or a handler the test holds (a writer waits behind a transaction the test keeps
@@ -254,8 +255,39 @@ async fn other_methods_are_never_held_back() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_no_read_limit_reads_run_freely_while_writers_wait() {
+async fn by_default_reads_are_held_back_to_one_per_core_while_writers_wait() {
     let case = Case::new(SqliteRetryLayer::default()).await;
+    let (app, client) = (&case.app, &case.client);
+    let (held, writer) = waiting_writer(app, 1).await;
+    let cores = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
+
+    // One read per core gets in at once, and stays in until the test lets it go.
+    let mut reads: Vec<_> = (0..cores).map(|_| spawn_get(client, "/read")).collect();
+    poll_until("one read per core in", async || app.entered() == cores).await;
+    // The next is held back: it gets in only once its `max_wait` (10 ms by default) has
+    // passed, without a place, while the others are still in. (A lower bound on the time is
+    // what the limit guarantees; without it the read would get in at once.)
+    let sent = std::time::Instant::now();
+    reads.push(spawn_get(client, "/read"));
+    poll_until("the held-back read in", async || app.entered() == cores + 1).await;
+    assert!(
+        sent.elapsed() >= ReadLimit::default().wait(),
+        "the read got in after {:?}: it was not held back",
+        sent.elapsed()
+    );
+    assert_eq!(app.inside.load(Ordering::SeqCst), cores + 1);
+
+    app.release.add_permits(cores + 1);
+    for read in reads {
+        assert_eq!(read.await.unwrap().status, StatusCode::OK);
+    }
+    held.commit().await.unwrap();
+    writer.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_read_limit_reads_run_freely_while_writers_wait() {
+    let case = Case::new(SqliteRetryLayer::default().without_read_limit()).await;
     let (app, client) = (&case.app, &case.client);
     let (held, writer) = waiting_writer(app, 1).await;
 

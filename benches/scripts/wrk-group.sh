@@ -13,6 +13,8 @@
 #   ROUNDS      rounds                                          [3]
 #   DURATION    seconds per cell (after a 1 s warm-up)         [4]
 #   PREP_ROUNDS hashing rounds before each write's transaction [0: no work before it]
+#   PREP_US     instead: that many µs of work, measured once here (`--calibrate`) and handed
+#               to every server as rounds
 #   IDLE        seconds the server sits idle before its cell   [0]
 #
 # Writes are the bench's CalDAV-shaped PUT (read the sync token, upsert the object, bump the
@@ -37,6 +39,10 @@ command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)"
 bin=$(cargo bench --features sqlite-write --bench writepath --no-run 2>&1 \
   | sed -n 's/.*(\(target\/release\/deps\/writepath-[0-9a-f]*\)).*/\1/p' | tail -1)
 [ -x "$bin" ] || { echo "could not build the writepath bench" >&2; exit 1; }
+if [ -n "${PREP_US:-}" ]; then
+  prep=$("$bin" --calibrate --prep-us "$PREP_US")
+  echo "prep: $PREP_US µs = $prep hashing rounds" >&2
+fi
 
 lua=$(mktemp --suffix=.lua)
 cat > "$lua" <<'LUA'
