@@ -77,7 +77,7 @@ impl WritePool {
     /// The request is fenced at the `COMMIT`; the wait for the fsync is not cut by the
     /// request's deadline (a `COMMIT` under way is not either), and it waits for nothing but
     /// an fsync that runs or starts at once. If the fsync fails, `commit()` fails with
-    /// [`GroupCommitFailed`] (not retryable: the transaction is committed, but not known to be
+    /// [`GroupCommitFailed`](crate::write::GroupCommitFailed) (not retryable: the transaction is committed, but not known to be
     /// durable), and an ERROR event says so.
     ///
     /// What a client could tell, and only after a power loss: a transaction's rows are visible
