@@ -375,6 +375,10 @@ fn options(path: &Path) -> SqliteConnectOptions {
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(synchronous)
         .busy_timeout(Duration::from_secs(5))
+        .pragma(
+            "wal_autocheckpoint",
+            std::env::var("WRITEPATH_AUTOCHECKPOINT").unwrap_or_else(|_| "1000".to_owned()),
+        )
 }
 
 async fn open_pool(path: &Path, size: u32) -> Result<SqlitePool, sqlx::Error> {

@@ -1,5 +1,5 @@
 //! A model check of the write path with `shuttle`: the crate's own `src/write/turn.rs`,
-//! `pool.rs`, `transaction.rs`, `session.rs`, `group.rs`, `gate.rs` and `driver.rs`, included as they are, over a driver that
+//! `pool.rs`, `transaction.rs`, `session.rs`, `checkpoint.rs`, `group.rs`, `gate.rs` and `driver.rs`, included as they are, over a driver that
 //! models sqlx's SQLite worker (`Model` below), under thousands of schedules chosen at random
 //! and by PCT.
 //!
@@ -131,7 +131,7 @@ mod attempt {
 /// What the turn's holder and counts synchronize with: shuttle's, so that the scheduler sees
 /// them.
 mod sync {
-    pub(super) use shuttle::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    pub(super) use shuttle::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 }
 
 /// The crate's `route` as the write path's counts see it: a request's method and template.
@@ -179,6 +179,8 @@ mod turns;
 // The write path's files, as they are (their `super::` is this crate's root here).
 #[path = "../src/write/bound.rs"]
 mod bound;
+#[path = "../src/write/checkpoint.rs"]
+mod checkpoint;
 #[path = "../src/write/driver.rs"]
 mod driver;
 #[path = "../src/write/failed.rs"]
@@ -237,6 +239,8 @@ struct Db {
     /// The drop protocol under test: sqlx's (`false`), or the one this design replaced
     /// (`true`: an acknowledged rollback after a cancelled commit, for the last test).
     old_protocol: bool,
+    /// Background checkpoints under way (`checkpoint.rs`): never more than one.
+    checkpointing: AtomicUsize,
 }
 
 /// What a connection's worker shares with its handle.
@@ -510,6 +514,21 @@ impl Driver for Model {
     async fn durability(_: &mut Conn) -> Result<(bool, u8), ModelError> {
         // WAL at `FULL`: group commit shares the fsync.
         Ok((true, 2))
+    }
+
+    async fn autocheckpoint(_: &mut Conn) -> Result<Option<u32>, ModelError> {
+        // A threshold of one page: every commit may start a checkpoint (one at a time).
+        Ok(Some(1))
+    }
+
+    async fn checkpoint(pool: &Pool) -> Result<(u64, u64), ModelError> {
+        let db = &pool.0;
+        let before = db.checkpointing.fetch_add(1, Ordering::SeqCst);
+        assert_eq!(before, 0, "two background checkpoints at once");
+        // A checkpoint takes time: commits (and their checkpoint requests) happen meanwhile.
+        shuttle::future::yield_now().await;
+        db.checkpointing.fetch_sub(1, Ordering::SeqCst);
+        Ok((1, 1))
     }
 
     async fn set_synchronous(conn: &mut Conn, level: u8) -> Result<(), ModelError> {
@@ -880,6 +899,7 @@ fn scenario(old_protocol: bool) {
         busy: AtomicUsize::new(0),
         connections: Mutex::default(),
         old_protocol,
+        checkpointing: AtomicUsize::new(0),
     });
     CURRENT.with(|current| *current.borrow_mut() = Some(Arc::clone(&db)));
     let own = thread_rng().gen_bool(0.5);

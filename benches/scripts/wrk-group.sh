@@ -36,8 +36,9 @@ prep=${PREP_ROUNDS:-0}
 idle=${IDLE:-0}
 command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 1; }
 
-bin=$(cargo bench --features sqlite-write --bench writepath --no-run 2>&1 \
-  | sed -n 's/.*(\(target\/release\/deps\/writepath-[0-9a-f]*\)).*/\1/p' | tail -1)
+# BIN: a writepath bench binary built elsewhere (another commit's, for a before/after).
+bin=${BIN:-$(cargo bench --features sqlite-write --bench writepath --no-run 2>&1 \
+  | sed -n 's/.*(\(target\/release\/deps\/writepath-[0-9a-f]*\)).*/\1/p' | tail -1)}
 [ -x "$bin" ] || { echo "could not build the writepath bench" >&2; exit 1; }
 if [ -n "${PREP_US:-}" ]; then
   prep=$("$bin" --calibrate --prep-us "$PREP_US")

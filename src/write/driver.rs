@@ -18,6 +18,19 @@ use crate::classify::Retryable;
 pub const DURABILITY_SQL: &str = "SELECT (SELECT journal_mode FROM pragma_journal_mode), \
      (SELECT synchronous FROM pragma_synchronous)";
 
+/// The query [`Driver::autocheckpoint`] runs.
+pub const AUTOCHECKPOINT_SQL: &str = "PRAGMA wal_autocheckpoint";
+
+/// The statement [`Driver::keep_checkpoints_off_the_turn`] runs: the writer connection's own
+/// automatic checkpoint only as a backstop, at 10,000 pages (see `checkpoint.rs`).
+pub const BACKSTOP_SQL: &str = "PRAGMA wal_autocheckpoint = 10000";
+
+/// The backstop's threshold, in pages ([`BACKSTOP_SQL`]).
+pub(crate) const BACKSTOP_PAGES: u32 = 10_000;
+
+/// The statement [`Driver::checkpoint`] runs.
+pub const CHECKPOINT_SQL: &str = "PRAGMA wal_checkpoint(PASSIVE)";
+
 /// The statement [`Driver::set_synchronous`] runs for `level` (0 `OFF` … 3 `EXTRA`).
 pub fn synchronous_pragma(level: u8) -> &'static str {
     match level {
@@ -84,6 +97,30 @@ pub trait Driver: Send + Sync + Sized + 'static {
         conn: &mut Self::Connection,
         level: u8,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// The connection's `wal_autocheckpoint`, in pages (0: off); `None` where the driver
+    /// leaves checkpoints as they are (the model check).
+    fn autocheckpoint(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<Option<u32>, Self::Error>> + Send {
+        let _ = conn;
+        async { Ok(None) }
+    }
+    /// [`BACKSTOP_SQL`] on the writer connection: its `COMMIT`s run no checkpoint below
+    /// 10,000 pages, the background checkpointer does (`checkpoint.rs`).
+    fn keep_checkpoints_off_the_turn(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        let _ = conn;
+        async { Ok(()) }
+    }
+    /// [`CHECKPOINT_SQL`] on a connection of `pool`: the frames in the WAL, and how many of
+    /// them are checkpointed, after it.
+    fn checkpoint(
+        pool: &Self::Pool,
+    ) -> impl Future<Output = Result<(u64, u64), Self::Error>> + Send {
+        let _ = pool;
+        async { Ok((0, 0)) }
+    }
     /// Installs `gate` as the connection's commit hook (see `gate.rs`): `Ok(false)` when the
     /// driver has no commit hook to set (sqlx 0.8).
     fn guard_commits(

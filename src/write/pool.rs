@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use tokio::sync::OnceCell;
 
+use super::checkpoint::Checkpoints;
 use super::driver::Driver;
 use super::gate::CommitGate;
 use super::group::{GroupCommit, Syncs};
@@ -66,6 +67,10 @@ pub(super) struct Target<D: Driver> {
     pub(super) syncs: Option<Arc<Syncs<D>>>,
     /// The writer connection's commit hook (`gate.rs`): `Some` when the driver could set it.
     pub(super) gate: Option<Arc<CommitGate>>,
+    /// The background checkpointer (`checkpoint.rs`): `Some` when it took the writer
+    /// connection's automatic checkpoints over (group commit sharing the fsync,
+    /// `wal_autocheckpoint` on).
+    pub(super) checkpoints: Option<Arc<Checkpoints<D>>>,
 }
 
 impl<D: Driver> Clone for WritePool<D> {
@@ -187,8 +192,17 @@ impl<D: Driver> Shared<D> {
                 match D::main_file(&mut conn).await? {
                     Some(file) => {
                         let queue = Queue::of_file(&file);
-                        let syncs = match self.group {
-                            Some(_) => Self::shares_fsync(&mut conn, &file, &queue).await?,
+                        let (wal, synchronous) = D::durability(&mut conn).await?;
+                        // Group commit shares the fsync of a WAL at `FULL` or `EXTRA` (at a
+                        // lower level, or with another journal, there is none to share).
+                        let syncs = (self.group.is_some() && wal && synchronous >= 2)
+                            .then(|| Syncs::new(&file, Arc::clone(&queue), synchronous));
+                        // Checkpoints off the turn where the fsync is shared (measured: a gain
+                        // there, a loss where each `COMMIT` syncs in the turn; `checkpoint.rs`).
+                        let checkpoints = match syncs {
+                            Some(_) => {
+                                Checkpoints::take_over(&mut conn, opener, queue.database()).await?
+                            }
                             None => None,
                         };
                         let gate = Arc::new(CommitGate::default());
@@ -200,6 +214,7 @@ impl<D: Driver> Shared<D> {
                             writer: Some(Mutex::new(Some(conn))),
                             syncs,
                             gate,
+                            checkpoints,
                         });
                     }
                     None => {
@@ -219,21 +234,8 @@ impl<D: Driver> Shared<D> {
             writer: None,
             syncs: None,
             gate: None,
+            checkpoints: None,
         })
-    }
-
-    /// Group commit on the writer connection `conn` of `file`: whether its commits wait for an
-    /// fsync of their own (WAL at `FULL` or `EXTRA`), which they may then share (`Syncs`).
-    async fn shares_fsync(
-        conn: &mut D::Connection,
-        file: &Path,
-        queue: &Arc<Queue>,
-    ) -> Result<Option<Arc<Syncs<D>>>, D::Error> {
-        let (wal, synchronous) = D::durability(conn).await?;
-        if !wal || synchronous < 2 {
-            return Ok(None);
-        }
-        Ok(Some(Syncs::new(file, Arc::clone(queue), synchronous)))
     }
 
     /// The writer connection, if this pool has one and it is idle (the turn's holder asks).
@@ -260,6 +262,9 @@ impl<D: Driver> Shared<D> {
         }
         if let Some(gate) = &target.gate {
             D::guard_commits(&mut conn, Arc::clone(gate)).await?;
+        }
+        if target.checkpoints.is_some() {
+            D::keep_checkpoints_off_the_turn(&mut conn).await?;
         }
         Ok(Conn::Own(conn))
     }

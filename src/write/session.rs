@@ -24,6 +24,7 @@
 use std::sync::Arc;
 
 use super::bound::{bound, within};
+use super::checkpoint::Checkpoints;
 use super::driver::Driver;
 use super::gate::CommitGate;
 use super::group::Syncs;
@@ -81,6 +82,12 @@ impl<D: Driver> Session<D> {
     /// Group commit's shared fsync, if the connection is the `WritePool`'s own and has one.
     pub(super) fn syncs(&self) -> Option<&Arc<Syncs<D>>> {
         self.own_target()?.syncs.as_ref()
+    }
+
+    /// The background checkpointer, if the connection is the `WritePool`'s own and it took
+    /// the connection's checkpoints over.
+    pub(super) fn checkpoints(&self) -> Option<&Arc<Checkpoints<D>>> {
+        self.own_target()?.checkpoints.as_ref()
     }
 
     /// Rolls back every level still open (acknowledged); whether the connection is at depth 0.

@@ -255,6 +255,9 @@ impl<D: Driver> Transaction<D> {
                     Some(syncs) if shares_fsync && depth == 0 => Some(syncs.committed()),
                     _ => None,
                 };
+                if let Some(checkpoints) = session.checkpoints() {
+                    checkpoints.committed();
+                }
                 self.end(true);
                 if depth != 0 {
                     return Err(D::invalid(format!(

@@ -102,6 +102,38 @@ macro_rules! __sqlx_driver {
                 ))
             }
 
+            async fn autocheckpoint(
+                conn: &mut ::sqlx_sqlite::SqliteConnection,
+            ) -> ::std::result::Result<::std::option::Option<u32>, ::sqlx_core::Error> {
+                let pages: i64 =
+                    ::sqlx_core::query_scalar::query_scalar($crate::write::shared::AUTOCHECKPOINT_SQL)
+                        .fetch_one(conn)
+                        .await?;
+                Ok(u32::try_from(pages).ok())
+            }
+
+            async fn keep_checkpoints_off_the_turn(
+                conn: &mut ::sqlx_sqlite::SqliteConnection,
+            ) -> ::std::result::Result<(), ::sqlx_core::Error> {
+                ::sqlx_core::query::query($crate::write::shared::BACKSTOP_SQL)
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            }
+
+            async fn checkpoint(
+                pool: &::sqlx_sqlite::SqlitePool,
+            ) -> ::std::result::Result<(u64, u64), ::sqlx_core::Error> {
+                let (_busy, log, done): (i64, i64, i64) =
+                    ::sqlx_core::query_as::query_as($crate::write::shared::CHECKPOINT_SQL)
+                        .fetch_one(pool)
+                        .await?;
+                Ok((
+                    u64::try_from(log).unwrap_or(0),
+                    u64::try_from(done).unwrap_or(0),
+                ))
+            }
+
             async fn set_synchronous(
                 conn: &mut ::sqlx_sqlite::SqliteConnection,
                 level: u8,

@@ -1,0 +1,126 @@
+//! Checkpoints off the turn (`src/write/checkpoint.rs`): with group commit sharing the fsync
+//! (WAL at `FULL`, the defaults), a `WritePool`'s writer connection leaves the WAL's
+//! checkpoints to a connection of its own, in the background, so that no `COMMIT` holding the
+//! turn copies the WAL into the database; its own automatic checkpoint stays as a backstop. A
+//! connection the application configured otherwise, and a pool without group commit, keep
+//! SQLite's own schedule.
+//!
+//! Real SQLite files in WAL mode; what the tests read is SQLite's own answer
+//! (`PRAGMA wal_autocheckpoint` on the writer connection, through the transaction) and the
+//! checkpointer's DEBUG event, on a current-thread runtime so that the spawned checkpoint
+//! reports to the test's subscriber.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestDb, capture_events, poll_until};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions, SqliteSynchronous};
+use tower_sqlite_retry::WritePool;
+
+const EVENT: &str = "checkpoint of the WAL, off the turn";
+
+async fn write_pool(options: SqliteConnectOptions) -> WritePool {
+    let pool = SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .expect("pool");
+    sqlx::query("CREATE TABLE IF NOT EXISTS items (id INTEGER PRIMARY KEY, name TEXT)")
+        .execute(&pool)
+        .await
+        .expect("schema");
+    WritePool::new(pool)
+}
+
+/// The writer connection's `wal_autocheckpoint`, read in a write transaction (which runs on
+/// it).
+async fn writer_autocheckpoint(writes: &WritePool) -> i64 {
+    let mut tx = writes.begin().await.unwrap();
+    let pages: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    pages
+}
+
+async fn commit_rows(writes: &WritePool, n: usize) {
+    for i in 0..n {
+        let mut tx = writes.begin().await.unwrap();
+        sqlx::query("INSERT INTO items (name) VALUES (?)")
+            .bind(format!("row {i}"))
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn the_writer_connection_leaves_checkpoints_to_the_background() {
+    let db = TestDb::new();
+    let writes = write_pool(
+        db.options(Duration::from_secs(5))
+            .synchronous(SqliteSynchronous::Full),
+    )
+    .await;
+    // The database's threshold is SQLite's default, 1,000 pages; the writer connection's own
+    // automatic checkpoint is only the backstop.
+    assert_eq!(writer_autocheckpoint(&writes).await, 10_000);
+
+    let (events, _guard) = capture_events();
+    // Past 1,000 commits (the first checkpoint assumes one page each), the checkpointer runs.
+    commit_rows(&writes, 1_100).await;
+    poll_until("a checkpoint ran in the background", async || {
+        !events.with_message(EVENT).is_empty()
+    })
+    .await;
+    let checkpoint = &events.with_message(EVENT)[0];
+    let frames: u64 = checkpoint["db.write.wal_frames"].parse().unwrap();
+    let done: u64 = checkpoint["db.write.checkpointed"].parse().unwrap();
+    assert!(frames >= 1_000, "{checkpoint:?}");
+    assert!(
+        done > 0,
+        "it copied the WAL into the database: {checkpoint:?}"
+    );
+
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM items")
+        .fetch_one(writes.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 1_100);
+    writes.close().await;
+}
+
+#[tokio::test]
+async fn a_connection_configured_to_checkpoint_itself_is_left_alone() {
+    let db = TestDb::new();
+    let writes = write_pool(
+        db.options(Duration::from_secs(5))
+            .synchronous(SqliteSynchronous::Full)
+            .pragma("wal_autocheckpoint", "0"),
+    )
+    .await;
+    assert_eq!(writer_autocheckpoint(&writes).await, 0);
+    let (events, _guard) = capture_events();
+    commit_rows(&writes, 1_100).await;
+    // Give a checkpoint that was wrongly started the time to report.
+    tokio::task::yield_now().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(events.with_message(EVENT).is_empty());
+    writes.close().await;
+}
+
+#[tokio::test]
+async fn without_group_commit_the_writer_connection_checkpoints_as_sqlite_does() {
+    let db = TestDb::new();
+    let writes = write_pool(
+        db.options(Duration::from_secs(5))
+            .synchronous(SqliteSynchronous::Full),
+    )
+    .await
+    .group_commit(None);
+    assert_eq!(writer_autocheckpoint(&writes).await, 1_000);
+    writes.close().await;
+}
