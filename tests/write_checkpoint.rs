@@ -1,9 +1,9 @@
-//! Checkpoints off the turn (`src/write/checkpoint.rs`): with group commit sharing the fsync
-//! (WAL at `FULL`, the defaults), a `WritePool`'s writer connection leaves the WAL's
-//! checkpoints to a connection of its own, in the background, so that no `COMMIT` holding the
-//! turn copies the WAL into the database; its own automatic checkpoint stays as a backstop. A
-//! connection the application configured otherwise, and a pool without group commit, keep
-//! SQLite's own schedule.
+//! Checkpoints off the turn (`src/write/checkpoint.rs`): while group commit shares the fsync
+//! (WAL at `FULL`, the defaults, writers queued), a `WritePool`'s writer connection leaves the
+//! WAL's checkpoints to a connection of its own, in the background, so that no `COMMIT`
+//! holding the turn copies the WAL into the database; its own automatic checkpoint stays as a
+//! backstop. A writer alone, a connection the application configured otherwise, and a pool
+//! without group commit keep SQLite's own schedule.
 //!
 //! Real SQLite files in WAL mode; what the tests read is SQLite's own answer
 //! (`PRAGMA wal_autocheckpoint` on the writer connection, through the transaction) and the
@@ -45,33 +45,61 @@ async fn writer_autocheckpoint(writes: &WritePool) -> i64 {
     pages
 }
 
-async fn commit_rows(writes: &WritePool, n: usize) {
-    for i in 0..n {
-        let mut tx = writes.begin().await.unwrap();
-        sqlx::query("INSERT INTO items (name) VALUES (?)")
-            .bind(format!("row {i}"))
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        tx.commit().await.unwrap();
+/// The writer connection's `wal_autocheckpoint` while its fsync is shared: read in a
+/// transaction begun while the fsync is held (every transaction then shares it), rolled back.
+async fn shared_autocheckpoint(writes: &WritePool) -> i64 {
+    assert!(writes.hold_fsync(true), "the pool shares its fsync");
+    let mut tx = writes.begin().await.unwrap();
+    let pages: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    writes.hold_fsync(false);
+    pages
+}
+
+/// `tasks` writers at once, `each` commits each: they share the fsync.
+async fn concurrent_commits(writes: &WritePool, tasks: usize, each: usize) {
+    let writers: Vec<_> = (0..tasks)
+        .map(|t| {
+            let writes = writes.clone();
+            tokio::spawn(async move {
+                for i in 0..each {
+                    let mut tx = writes.begin().await.unwrap();
+                    sqlx::query("INSERT INTO items (name) VALUES (?)")
+                        .bind(format!("{t}-{i}"))
+                        .execute(&mut *tx)
+                        .await
+                        .unwrap();
+                    tx.commit().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.unwrap();
     }
 }
 
 #[tokio::test]
-async fn the_writer_connection_leaves_checkpoints_to_the_background() {
+async fn while_the_fsync_is_shared_checkpoints_run_in_the_background() {
     let db = TestDb::new();
     let writes = write_pool(
         db.options(Duration::from_secs(5))
             .synchronous(SqliteSynchronous::Full),
     )
     .await;
-    // The database's threshold is SQLite's default, 1,000 pages; the writer connection's own
-    // automatic checkpoint is only the backstop.
-    assert_eq!(writer_autocheckpoint(&writes).await, 10_000);
+    // A writer alone syncs in its own `COMMIT`: checkpoints as SQLite schedules them (its
+    // default threshold, 1,000 pages).
+    assert_eq!(writer_autocheckpoint(&writes).await, 1_000);
+    // While the fsync is shared, the writer connection's own is only the backstop.
+    assert_eq!(shared_autocheckpoint(&writes).await, 10_000);
 
     let (events, _guard) = capture_events();
-    // Past 1,000 commits (the first checkpoint assumes one page each), the checkpointer runs.
-    commit_rows(&writes, 1_100).await;
+    // Past 1,000 shared commits (the first checkpoint assumes one page each), the
+    // checkpointer runs.
+    concurrent_commits(&writes, 8, 150).await;
     poll_until("a checkpoint ran in the background", async || {
         !events.with_message(EVENT).is_empty()
     })
@@ -89,7 +117,9 @@ async fn the_writer_connection_leaves_checkpoints_to_the_background() {
         .fetch_one(writes.pool())
         .await
         .unwrap();
-    assert_eq!(rows, 1_100);
+    assert_eq!(rows, 1_200);
+    // Alone again: SQLite's schedule again.
+    assert_eq!(writer_autocheckpoint(&writes).await, 1_000);
     writes.close().await;
 }
 
@@ -103,8 +133,9 @@ async fn a_connection_configured_to_checkpoint_itself_is_left_alone() {
     )
     .await;
     assert_eq!(writer_autocheckpoint(&writes).await, 0);
+    assert_eq!(shared_autocheckpoint(&writes).await, 0);
     let (events, _guard) = capture_events();
-    commit_rows(&writes, 1_100).await;
+    concurrent_commits(&writes, 8, 150).await;
     // Give a checkpoint that was wrongly started the time to report.
     tokio::task::yield_now().await;
     tokio::time::sleep(Duration::from_millis(50)).await;

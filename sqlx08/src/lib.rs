@@ -116,7 +116,12 @@ struct Sqlx08;
 tower_sqlite_retry::__sqlx_driver! {
     driver: Sqlx08,
     begin: Cow::Borrowed("BEGIN IMMEDIATE"),
-    extra: {},
+    extra: {
+        async fn set_autocheckpoint(conn: &mut SqliteConnection, pages: u32) -> Result<(), Error> {
+            let sql = format!("PRAGMA wal_autocheckpoint = {pages}");
+            sqlx_core::query::query(&sql).execute(conn).await.map(drop)
+        }
+    },
 }
 
 /// A sqlx 0.8 SQLite pool whose write transactions wait for their turn, one at a time per

@@ -7,16 +7,20 @@
 //! `BEGIN IMMEDIATE` on a pool that stalls one connection while the others write on; with the
 //! write path it stalls the turn, and every writer waits.
 //!
-//! **Where**: on the writer connection of group commit's shared fsync only (WAL at `FULL` or
-//! `EXTRA`, group commit on: the default). Measured with `wrk`, 64 writers, seven interleaved
-//! rounds (`BENCHMARKS.md`): there, writes went from 2,011 to 2,749 a second (median) and
-//! server CPU per write from 561 to 465 µs. Where each `COMMIT` syncs in the turn (group
-//! commit off, at `FULL`) the background checkpoint's fsyncs competed with the turn's own:
-//! 1,165 → 927 writes a second; at `NORMAL` it changed nothing measurable (2,596 → 2,657). So
-//! those keep SQLite's own schedule.
+//! **When**: only while the writer connection's fsync is shared (group commit on, WAL at
+//! `FULL` or `EXTRA`, the defaults; the connection at `NORMAL` because writers are queued).
+//! Measured with `wrk`, 64 writers, seven interleaved rounds (`BENCHMARKS.md`): there, writes
+//! went from 2,011 to 2,749 a second (median) and server CPU per write from 561 to 465 µs.
+//! Where each `COMMIT` syncs in the turn the background checkpoint's fsyncs competed with the
+//! turn's own: group commit off at `FULL`, 1,165 → 927 writes a second; a writer alone (one
+//! connection) lost too. At `NORMAL` it changed nothing measurable (2,596 → 2,657). So those
+//! keep SQLite's own schedule: the writer connection's `wal_autocheckpoint` is switched with
+//! its `synchronous` level ([`pages_at`](Checkpoints::pages_at)), the backstop at `NORMAL`,
+//! the database's own threshold at the pool's level.
 //!
-//! So the writer connection's own automatic checkpoint is moved to a backstop far above the
-//! database's threshold ([`BACKSTOP_PAGES`]), and this checkpointer runs
+//! So, while the fsync is shared, the writer connection's own automatic checkpoint is moved to
+//! a backstop far above the database's threshold ([`BACKSTOP_PAGES`]), and this checkpointer
+//! runs
 //! `PRAGMA wal_checkpoint(PASSIVE)` on a connection of its own (opened like the writer
 //! connection, kept idle between checkpoints) once the transactions committed since the last
 //! checkpoint wrote about the threshold's worth of pages: SQLite's own schedule, off the turn.
@@ -31,6 +35,7 @@
 //! - **How many commits make a threshold**: each checkpoint says how many frames the WAL
 //!   held; divided by the commits since the previous one, that is the frames one commit
 //!   writes, measured, for the next. The first checkpoint comes after `threshold` commits.
+//!   Only commits that shared the fsync count.
 //! - **When the checkpointer cannot run** (no runtime, a failing connection), the backstop
 //!   still bounds the WAL: the writer connection's `COMMIT` checkpoints past it, as before.
 //! - One checkpoint at a time; a commit that finds one running starts none.
@@ -40,6 +45,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::driver::{BACKSTOP_PAGES, Driver};
+use super::group::NORMAL;
 
 /// The background checkpointer of one database's writer connection.
 pub(super) struct Checkpoints<D: Driver> {
@@ -59,9 +65,10 @@ pub(super) struct Checkpoints<D: Driver> {
 }
 
 impl<D: Driver> Checkpoints<D> {
-    /// The checkpointer of the writer connection `conn`, if it takes over its checkpoints:
-    /// `conn`'s `wal_autocheckpoint` is on and below the backstop (the caller knows it is the
-    /// writer connection of a WAL file). `conn` then checkpoints only past the backstop.
+    /// The checkpointer of the writer connection `conn`, if it may take over its checkpoints
+    /// while the fsync is shared: `conn`'s `wal_autocheckpoint` is on and below the backstop
+    /// (the caller knows it is the writer connection of group commit's shared fsync). Nothing
+    /// changes on `conn` here: see [`pages_at`](Self::pages_at).
     pub(super) async fn take_over(
         conn: &mut D::Connection,
         pool: &D::Pool,
@@ -71,7 +78,6 @@ impl<D: Driver> Checkpoints<D> {
             Some(pages) if pages > 0 && pages < BACKSTOP_PAGES => u64::from(pages),
             _ => return Ok(None),
         };
-        D::keep_checkpoints_off_the_turn(conn).await?;
         Ok(Some(Arc::new(Self {
             pool: pool.clone(),
             threshold,
@@ -82,7 +88,19 @@ impl<D: Driver> Checkpoints<D> {
         })))
     }
 
-    /// A transaction committed on the writer connection (after its turn went on): starts a
+    /// The writer connection's `wal_autocheckpoint` at `synchronous` level `level`, set with
+    /// it: the backstop while it runs at `NORMAL` (its fsync shared, its checkpoints left to
+    /// this checkpointer); the database's own threshold at the pool's level (a writer alone,
+    /// whose `COMMIT` syncs in the turn anyway: checkpoints as SQLite schedules them).
+    pub(super) fn pages_at(&self, level: u8) -> u32 {
+        if level == NORMAL {
+            BACKSTOP_PAGES
+        } else {
+            u32::try_from(self.threshold).unwrap_or(BACKSTOP_PAGES)
+        }
+    }
+
+    /// A transaction that shared the fsync committed on the writer connection: starts a
     /// checkpoint when the commits since the last one wrote about a threshold's worth.
     pub(super) fn committed(self: &Arc<Self>) {
         let commits = self.commits.fetch_add(1, Ordering::Relaxed) + 1;

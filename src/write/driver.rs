@@ -21,11 +21,8 @@ pub const DURABILITY_SQL: &str = "SELECT (SELECT journal_mode FROM pragma_journa
 /// The query [`Driver::autocheckpoint`] runs.
 pub const AUTOCHECKPOINT_SQL: &str = "PRAGMA wal_autocheckpoint";
 
-/// The statement [`Driver::keep_checkpoints_off_the_turn`] runs: the writer connection's own
-/// automatic checkpoint only as a backstop, at 10,000 pages (see `checkpoint.rs`).
-pub const BACKSTOP_SQL: &str = "PRAGMA wal_autocheckpoint = 10000";
-
-/// The backstop's threshold, in pages ([`BACKSTOP_SQL`]).
+/// The writer connection's own automatic checkpoint while its fsync is shared: a backstop
+/// only, the background checkpointer does the rest (see `checkpoint.rs`).
 pub(crate) const BACKSTOP_PAGES: u32 = 10_000;
 
 /// The statement [`Driver::checkpoint`] runs.
@@ -105,12 +102,12 @@ pub trait Driver: Send + Sync + Sized + 'static {
         let _ = conn;
         async { Ok(None) }
     }
-    /// [`BACKSTOP_SQL`] on the writer connection: its `COMMIT`s run no checkpoint below
-    /// 10,000 pages, the background checkpointer does (`checkpoint.rs`).
-    fn keep_checkpoints_off_the_turn(
+    /// `PRAGMA wal_autocheckpoint = pages` on the writer connection (`checkpoint.rs`).
+    fn set_autocheckpoint(
         conn: &mut Self::Connection,
+        pages: u32,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send {
-        let _ = conn;
+        let _ = (conn, pages);
         async { Ok(()) }
     }
     /// [`CHECKPOINT_SQL`] on a connection of `pool`: the frames in the WAL, and how many of

@@ -124,15 +124,17 @@
 //! Why it is on: measured with `wrk` from its own process at `FULL` (BENCHMARKS.md), several
 //! times the writes of `BEGIN IMMEDIATE`.
 //!
-//! **Checkpoints off the turn.** Where the fsync is shared, the writer connection's `COMMIT`
+//! **Checkpoints off the turn.** While the fsync is shared, the writer connection's `COMMIT`
 //! no longer copies the WAL into the database when it crosses `wal_autocheckpoint` (1,000
 //! pages by default), which stalled every writer behind it: a connection of the `WritePool`'s
 //! own runs `PRAGMA wal_checkpoint(PASSIVE)` in the background on SQLite's schedule (about
 //! that many pages apart), and the writer connection's own automatic checkpoint stays as a
-//! backstop at 10,000 pages. Measured with `wrk`, 64 writers at `FULL`: 1.37× the writes
+//! backstop at 10,000 pages. A writer alone (its `COMMIT` syncs anyway) checkpoints as SQLite
+//! does. Measured with `wrk`, 64 writers at `FULL`: 1.37× the writes
 //! (2,011 → 2,749 a second, median of seven interleaved rounds), 0.83× the CPU per write. A
 //! connection configured with `wal_autocheckpoint = 0` (the application checkpoints) or above
-//! the backstop is left as it is; so is a pool without group commit, where it measured worse.
+//! the backstop is left as it is; so is a pool without group commit, where it measured worse,
+//! as did a writer alone.
 //!
 //! # Only the write path commits
 //!
@@ -449,8 +451,7 @@ pub use stats::WriteStats;
 #[doc(hidden)]
 pub mod shared {
     pub use super::driver::{
-        AUTOCHECKPOINT_SQL, BACKSTOP_SQL, CHECKPOINT_SQL, DURABILITY_SQL, Driver,
-        synchronous_pragma,
+        AUTOCHECKPOINT_SQL, CHECKPOINT_SQL, DURABILITY_SQL, Driver, synchronous_pragma,
     };
     pub use super::gate::CommitGate;
     pub use super::pool::WritePool;

@@ -263,9 +263,6 @@ impl<D: Driver> Shared<D> {
         if let Some(gate) = &target.gate {
             D::guard_commits(&mut conn, Arc::clone(gate)).await?;
         }
-        if target.checkpoints.is_some() {
-            D::keep_checkpoints_off_the_turn(&mut conn).await?;
-        }
         Ok(Conn::Own(conn))
     }
 

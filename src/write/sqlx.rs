@@ -26,6 +26,14 @@ crate::__sqlx_driver! {
             handle.set_commit_hook(move || gate.admits());
             Ok(true)
         }
+
+        async fn set_autocheckpoint(
+            conn: &mut SqliteConnection,
+            pages: u32,
+        ) -> Result<(), sqlx::Error> {
+            let sql = format!("PRAGMA wal_autocheckpoint = {pages}");
+            sqlx::query(sqlx::AssertSqlSafe(sql)).execute(conn).await.map(drop)
+        }
     },
 }
 

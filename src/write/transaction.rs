@@ -166,10 +166,17 @@ impl<D: Driver> Transaction<D> {
             let (level, change) = syncs.level_for(others);
             tx.shares_fsync = level == NORMAL;
             if let Some(level) = change {
-                let set = within(
-                    deadline,
-                    D::set_synchronous(tx.session_mut().conn_mut(), level),
-                )
+                // The writer connection's automatic checkpoint changes with the level: left
+                // to the background checkpointer while the fsync is shared (`checkpoint.rs`).
+                let pages = tx.session_mut().checkpoints().map(|c| c.pages_at(level));
+                let conn = tx.session_mut().conn_mut();
+                let set = within(deadline, async {
+                    D::set_synchronous(conn, level).await?;
+                    if let Some(pages) = pages {
+                        D::set_autocheckpoint(conn, pages).await?;
+                    }
+                    Ok(())
+                })
                 .await;
                 if !matches!(set, Some(Ok(()))) {
                     syncs.forget_level();
@@ -255,7 +262,10 @@ impl<D: Driver> Transaction<D> {
                     Some(syncs) if shares_fsync && depth == 0 => Some(syncs.committed()),
                     _ => None,
                 };
-                if let Some(checkpoints) = session.checkpoints() {
+                if let Some(checkpoints) = session.checkpoints()
+                    && shares_fsync
+                    && depth == 0
+                {
                     checkpoints.committed();
                 }
                 self.end(true);

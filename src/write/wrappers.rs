@@ -112,15 +112,6 @@ macro_rules! __sqlx_driver {
                 Ok(u32::try_from(pages).ok())
             }
 
-            async fn keep_checkpoints_off_the_turn(
-                conn: &mut ::sqlx_sqlite::SqliteConnection,
-            ) -> ::std::result::Result<(), ::sqlx_core::Error> {
-                ::sqlx_core::query::query($crate::write::shared::BACKSTOP_SQL)
-                    .execute(conn)
-                    .await
-                    .map(drop)
-            }
-
             async fn checkpoint(
                 pool: &::sqlx_sqlite::SqlitePool,
             ) -> ::std::result::Result<(u64, u64), ::sqlx_core::Error> {
