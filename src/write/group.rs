@@ -188,9 +188,15 @@ impl<D: Driver> Syncs<D> {
         self.now.store(self.level, Ordering::Release);
     }
 
-    /// The writer connection's level is not known (setting it failed): set it next time.
+    /// The writer connection's level is not known (being set, or setting it failed or was
+    /// cancelled): set it next time.
     pub(super) fn forget_level(&self) {
         self.now.store(u8::MAX, Ordering::Release);
+    }
+
+    /// The writer connection is at `level` (set, with what goes with it).
+    pub(super) fn known_level(&self, level: u8) {
+        self.now.store(level, Ordering::Release);
     }
 
     /// A transaction's `COMMIT` returned: its place in the next fsync. Called with no await

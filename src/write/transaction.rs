@@ -166,6 +166,10 @@ impl<D: Driver> Transaction<D> {
             let (level, change) = syncs.level_for(others);
             tx.shares_fsync = level == NORMAL;
             if let Some(level) = change {
+                // NOTE: unknown until every statement below ran: a begin that fails, or is
+                // cancelled between two of them, leaves the level unknown, and the next
+                // transaction sets it all again.
+                syncs.forget_level();
                 // The writer connection's automatic checkpoint changes with the level: left
                 // to the background checkpointer while the fsync is shared (`checkpoint.rs`).
                 let pages = tx.session_mut().checkpoints().map(|c| c.pages_at(level));
@@ -178,8 +182,8 @@ impl<D: Driver> Transaction<D> {
                     Ok(())
                 })
                 .await;
-                if !matches!(set, Some(Ok(()))) {
-                    syncs.forget_level();
+                if matches!(set, Some(Ok(()))) {
+                    syncs.known_level(level);
                 }
                 match set {
                     Some(Ok(())) => {}
