@@ -521,6 +521,12 @@ impl Driver for Model {
         Ok(Some(1))
     }
 
+    async fn set_autocheckpoint(_: &mut Conn, _: u32) -> Result<(), ModelError> {
+        // An await of its own in `begin`, after the level's: cancellable between the two.
+        shuttle::future::yield_now().await;
+        Ok(())
+    }
+
     async fn checkpoint(pool: &Pool) -> Result<(u64, u64), ModelError> {
         let db = &pool.0;
         let before = db.checkpointing.fetch_add(1, Ordering::SeqCst);

@@ -53,7 +53,7 @@ pub(super) struct Checkpoints<D: Driver> {
     pool: D::Pool,
     /// The database's `wal_autocheckpoint`, in pages: about this much WAL between two
     /// checkpoints.
-    threshold: u64,
+    threshold: u32,
     /// Commits since the last checkpoint started.
     commits: AtomicU64,
     /// WAL frames one commit writes, measured by the last checkpoint (at least 1).
@@ -75,7 +75,7 @@ impl<D: Driver> Checkpoints<D> {
         database: &Arc<str>,
     ) -> Result<Option<Arc<Self>>, D::Error> {
         let threshold = match D::autocheckpoint(conn).await? {
-            Some(pages) if pages > 0 && pages < BACKSTOP_PAGES => u64::from(pages),
+            Some(pages) if pages > 0 && pages < BACKSTOP_PAGES => pages,
             _ => return Ok(None),
         };
         Ok(Some(Arc::new(Self {
@@ -96,7 +96,7 @@ impl<D: Driver> Checkpoints<D> {
         if level == NORMAL {
             BACKSTOP_PAGES
         } else {
-            u32::try_from(self.threshold).unwrap_or(BACKSTOP_PAGES)
+            self.threshold
         }
     }
 
@@ -105,7 +105,7 @@ impl<D: Driver> Checkpoints<D> {
     pub(super) fn committed(self: &Arc<Self>) {
         let commits = self.commits.fetch_add(1, Ordering::Relaxed) + 1;
         let frames = commits.saturating_mul(self.per_commit.load(Ordering::Relaxed));
-        if frames < self.threshold || self.running.swap(true, Ordering::AcqRel) {
+        if frames < u64::from(self.threshold) || self.running.swap(true, Ordering::AcqRel) {
             return;
         }
         let commits = self.commits.swap(0, Ordering::Relaxed);

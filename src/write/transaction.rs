@@ -266,9 +266,9 @@ impl<D: Driver> Transaction<D> {
                     Some(syncs) if shares_fsync && depth == 0 => Some(syncs.committed()),
                     _ => None,
                 };
-                if let Some(checkpoints) = session.checkpoints()
-                    && shares_fsync
+                if shares_fsync
                     && depth == 0
+                    && let Some(checkpoints) = session.checkpoints()
                 {
                     checkpoints.committed();
                 }
