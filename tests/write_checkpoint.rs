@@ -2,8 +2,8 @@
 //! (WAL at `FULL`, the defaults, writers queued), a `WritePool`'s writer connection leaves the
 //! WAL's checkpoints to a connection of its own, in the background, so that no `COMMIT`
 //! holding the turn copies the WAL into the database; its own automatic checkpoint stays as a
-//! backstop. A writer alone, a connection the application configured otherwise, and a pool
-//! without group commit keep SQLite's own schedule.
+//! backstop. A writer alone, a connection the application configured otherwise, a pool
+//! without group commit, and a WAL at `NORMAL` keep SQLite's own schedule.
 //!
 //! Real SQLite files in WAL mode; what the tests read is SQLite's own answer
 //! (`PRAGMA wal_autocheckpoint` on the writer connection, through the transaction) and the
@@ -154,4 +154,27 @@ async fn without_group_commit_the_writer_connection_checkpoints_as_sqlite_does()
     .group_commit(None);
     assert_eq!(writer_autocheckpoint(&writes).await, 1_000);
     writes.close().await;
+}
+
+#[tokio::test]
+async fn at_normal_the_writer_connection_checkpoints_as_sqlite_does() {
+    // Nothing to share at `NORMAL`, so nothing is taken over: measured, a background
+    // checkpointer gained nothing there (BENCHMARKS.md, "Checkpoints off the turn at
+    // `NORMAL`").
+    for group_commit in [true, false] {
+        let db = TestDb::new();
+        let mut writes = write_pool(
+            db.options(Duration::from_secs(5))
+                .synchronous(SqliteSynchronous::Normal),
+        )
+        .await;
+        if !group_commit {
+            writes = writes.group_commit(None);
+        }
+        assert_eq!(writer_autocheckpoint(&writes).await, 1_000);
+        assert!(!writes.hold_fsync(true), "nothing to share at NORMAL");
+        concurrent_commits(&writes, 4, 10).await;
+        assert_eq!(writer_autocheckpoint(&writes).await, 1_000);
+        writes.close().await;
+    }
 }

@@ -14,7 +14,8 @@
 //!
 //! Each schedule runs three requests at once on one `WritePool` (its own writer connection or
 //! the pool's, chosen per schedule; with its own, group commit on in half the schedules, its
-//! shared fsync modelled as a task that makes durable what was committed when it started),
+//! shared fsync modelled as a task that makes durable what was committed when it started; the
+//! WAL at `NORMAL` in a third of the schedules, where nothing is shared),
 //! each a script chosen at random: commit; commit after a
 //! dropped savepoint; return early; roll back; begin a second transaction after dropping the
 //! first; begin a second while the first is open; and **cancel** the `begin`, the `commit` or
@@ -28,7 +29,11 @@
 //!   a cancelled commit's rows are there only if its request was fenced;
 //! - a second `begin` after a dropped transaction begins; one while a transaction is open
 //!   fails at once with `invalid`;
-//! - a `commit()` is `Ok` only once its row is durable at that moment (its own `COMMIT` at
+//! - the writer connection's `wal_autocheckpoint` at each of its `COMMIT`s is the backstop
+//!   exactly where its fsync was shared (its checkpoints then the background checkpointer's),
+//!   SQLite's own threshold everywhere else (a begin cancelled between the two statements that
+//!   set its level and its checkpoint must leave both to be set again);
+//! - at `FULL`, a `commit()` is `Ok` only once its row is durable at that moment (its own `COMMIT` at
 //!   `FULL`, or, with group commit, a shared fsync that started after its `COMMIT`); a commit
 //!   cancelled while it waits for the fsync is fenced; one fsync in eight fails, and its
 //!   waiters' `commit()`s fail, their rows committed and fenced, never `Ok`; no transaction
@@ -50,7 +55,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -241,6 +246,10 @@ struct Db {
     old_protocol: bool,
     /// Background checkpoints under way (`checkpoint.rs`): never more than one.
     checkpointing: AtomicUsize,
+    /// The WAL at `NORMAL` (a third of the schedules): no fsync to share (group commit changes
+    /// nothing), a `COMMIT` is not durable when it returns (nor meant to be), and the writer
+    /// connection checkpoints as SQLite does.
+    normal: bool,
 }
 
 /// What a connection's worker shares with its handle.
@@ -254,6 +263,10 @@ struct ConnState {
     /// The handle was dropped: the connection closes once its worker ran what was queued.
     dropped: AtomicBool,
     closed: AtomicBool,
+    /// A `WritePool`'s own writer connection (detached from its pool).
+    writer: AtomicBool,
+    /// `PRAGMA wal_autocheckpoint`: the database's threshold (one page), until set.
+    autocheckpoint: AtomicU32,
 }
 
 type Answer = (Result<(), ModelError>, oneshot::Sender<()>);
@@ -315,8 +328,8 @@ fn rendezvous(answer: oneshot::Sender<Answer>, value: Result<(), ModelError>) ->
 fn worker(db: Arc<Db>, state: Arc<ConnState>, commands: shuttle::sync::mpsc::Receiver<Command>) {
     let mut levels: Vec<Vec<u32>> = Vec::new();
     let mut ignore_next_start_rollback = false;
-    // A connection opens at `FULL`, sqlx's default.
-    let mut full = true;
+    // A connection opens at the database's level: `FULL` (sqlx's default) or `NORMAL`.
+    let mut full = !db.normal;
     let unlock = |db: &Db| {
         let mut lock = db.lock.lock().unwrap();
         if *lock == Some(state.id) {
@@ -358,6 +371,24 @@ fn worker(db: Arc<Db>, state: Arc<ConnState>, commands: shuttle::sync::mpsc::Rec
                 match levels.len() {
                     0 => {}
                     1 => {
+                        if state.writer.load(Ordering::SeqCst) {
+                            // The writer connection's own checkpoint is only the backstop
+                            // exactly where its fsync is shared (at `NORMAL` in a database at
+                            // `FULL`): its checkpoints are then the background checkpointer's.
+                            // Elsewhere it checkpoints as SQLite does (one page).
+                            let expected = if !full && !db.normal {
+                                driver::BACKSTOP_PAGES
+                            } else {
+                                1
+                            };
+                            assert_eq!(
+                                state.autocheckpoint.load(Ordering::SeqCst),
+                                expected,
+                                "the writer connection committed at {} with the wrong \
+                                 wal_autocheckpoint",
+                                if full { "FULL" } else { "NORMAL" }
+                            );
+                        }
                         let rows = levels.pop().unwrap();
                         let mut committed = db.committed.lock().unwrap();
                         committed.extend(rows);
@@ -431,6 +462,8 @@ impl Db {
             armed: AtomicBool::new(false),
             dropped: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            writer: AtomicBool::new(false),
+            autocheckpoint: AtomicU32::new(1),
         });
         connections.push(Arc::clone(&state));
         let (commands, receiver) = shuttle::sync::mpsc::channel();
@@ -473,6 +506,7 @@ impl Driver for Model {
     }
 
     fn detach(conn: Pooled) -> Conn {
+        conn.0.state.writer.store(true, Ordering::SeqCst);
         conn.0
     }
 
@@ -512,8 +546,9 @@ impl Driver for Model {
     }
 
     async fn durability(_: &mut Conn) -> Result<(bool, u8), ModelError> {
-        // WAL at `FULL`: group commit shares the fsync.
-        Ok((true, 2))
+        // WAL at `FULL`, where group commit shares the fsync, or at `NORMAL`.
+        let normal = CURRENT.with(|current| current.borrow().as_ref().is_some_and(|db| db.normal));
+        Ok((true, if normal { 1 } else { 2 }))
     }
 
     async fn autocheckpoint(_: &mut Conn) -> Result<Option<u32>, ModelError> {
@@ -521,9 +556,10 @@ impl Driver for Model {
         Ok(Some(1))
     }
 
-    async fn set_autocheckpoint(_: &mut Conn, _: u32) -> Result<(), ModelError> {
+    async fn set_autocheckpoint(conn: &mut Conn, pages: u32) -> Result<(), ModelError> {
         // An await of its own in `begin`, after the level's: cancellable between the two.
         shuttle::future::yield_now().await;
+        conn.state.autocheckpoint.store(pages, Ordering::SeqCst);
         Ok(())
     }
 
@@ -751,7 +787,7 @@ enum Fate {
 fn acknowledged_row(row: u32) {
     CURRENT.with(|current| {
         let db = current.borrow().clone().expect("a schedule runs");
-        if !db.durable.lock().unwrap().contains(&row) {
+        if !db.normal && !db.durable.lock().unwrap().contains(&row) {
             db.acknowledged_early.lock().unwrap().push(row);
         }
     });
@@ -906,6 +942,7 @@ fn scenario(old_protocol: bool) {
         connections: Mutex::default(),
         old_protocol,
         checkpointing: AtomicUsize::new(0),
+        normal: thread_rng().gen_bool(1.0 / 3.0),
     });
     CURRENT.with(|current| *current.borrow_mut() = Some(Arc::clone(&db)));
     let own = thread_rng().gen_bool(0.5);
@@ -914,7 +951,10 @@ fn scenario(old_protocol: bool) {
     let writes = WritePool::<Model>::new(Pool(Arc::clone(&db)), own).group_commit(group);
     let scripts: Vec<Script> = (0..3).map(|_| pick()).collect();
     if std::env::var("MODEL_TRACE").is_ok() {
-        eprintln!("scripts {scripts:?} group {group:?} own {own}");
+        eprintln!(
+            "scripts {scripts:?} group {group:?} own {own} normal {}",
+            db.normal
+        );
     }
     let requests: Vec<_> = scripts
         .iter()
@@ -979,7 +1019,7 @@ fn scenario(old_protocol: bool) {
                     );
                     assert!(request.is_fenced(), "{scripts:?}: committed, not fenced");
                     assert!(
-                        group.is_none() || durable.contains(&row),
+                        group.is_none() || db.normal || durable.contains(&row),
                         "{scripts:?}: row {row} committed Ok before an fsync made it durable"
                     );
                 }

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One cell of benches/scripts/wrk-group.sh, for investigations: a writepath bench server alone
+# (`--serve`, INFO `fmt()` subscriber, a fresh file), warmed for 1 s, then `wrk` from its own
+# process for DURATION seconds, optionally under `perf record`; prints writes/s and the
+# server's CPU per write (utime + stime from /proc), and appends the write turn's figures
+# (`--turn-stats`: transactions, time held, mean held per transaction) to OUT_DIR/turn-TAG.txt.
+#
+#   bash benches/scripts/wrk-one.sh CONFIG SYNC CONNS TAG OUT_DIR
+#
+# Environment: BIN (a writepath bench binary; built here if unset), PERF=1 (perf record -g of
+# the server into OUT_DIR/perf-TAG.data), DURATION [4].
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+config=${1:?CONFIG}; sync=${2:?SYNC}; conns=${3:?CONNS}; tag=${4:?TAG}; out=${5:?OUT_DIR}
+duration=${DURATION:-4}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 1; }
+bin=${BIN:-$(cargo bench --features sqlite-write --bench writepath --no-run 2>&1 \
+  | sed -n 's/.*(\(target\/release\/deps\/writepath-[0-9a-f]*\)).*/\1/p' | tail -1)}
+[ -x "$bin" ] || { echo "could not build the writepath bench" >&2; exit 1; }
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+cat > "$dir/put.lua" <<'LUA'
+local counter = 0
+local tid = 0
+local threads = 0
+function setup(thread)
+  thread:set("tid", threads)
+  threads = threads + 1
+end
+function request()
+  counter = counter + 1
+  local path = string.format("/objects/%d/w%d-%d-%d", counter % 16, tid, counter, math.random(1000000000))
+  return wrk.format("PUT", path, {["Content-Type"] = "application/json"}, '{"data":"object"}')
+end
+LUA
+mkfifo "$dir/stdin"
+"$bin" --serve "$config" --db "$dir/db.sqlite" --pool-size 8 --synchronous "$sync" \
+  --prep-rounds 0 --turn-stats "$out/turn-$tag.txt" < "$dir/stdin" > "$dir/stdout" 2> "$dir/server.log" &
+pid=$!
+exec 3> "$dir/stdin"
+for _ in $(seq 1 200); do grep -q listening "$dir/stdout" 2>/dev/null && break; sleep 0.05; done
+addr=$(sed -n 's/^listening //p' "$dir/stdout")
+[ -n "$addr" ] || { cat "$dir/server.log" >&2; exit 1; }
+threads=$(( conns < 2 ? 1 : 2 ))
+wrk -t "$threads" -c "$conns" -d 1s -s "$dir/put.lua" "http://$addr" > /dev/null 2>&1 || true
+before=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+if [ "${PERF:-0}" = 1 ]; then
+  perf record -F 2000 -g -p "$pid" -o "$out/perf-$tag.data" -- sleep "$duration" > /dev/null 2>&1 &
+  perf_pid=$!
+fi
+wrk -t "$threads" -c "$conns" -d "${duration}s" -s "$dir/put.lua" --latency "http://$addr" > "$dir/wrk.txt" 2>&1
+[ "${PERF:-0}" = 1 ] && wait "$perf_pid"
+after=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+exec 3>&-
+wait "$pid"
+count=$(sed -n 's/^ *\([0-9]*\) requests in.*/\1/p' "$dir/wrk.txt")
+rps=$(sed -n 's/^Requests\/sec: *\([0-9.]*\).*/\1/p' "$dir/wrk.txt")
+tick_us=$(( 1000000 / $(getconf CLK_TCK) ))
+echo "$tag $config $sync $conns writes/s $rps cpu_us_per_write $(( (after - before) * tick_us / count ))"
