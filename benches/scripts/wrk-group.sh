@@ -45,29 +45,8 @@ if [ -n "${PREP_US:-}" ]; then
   echo "prep: $PREP_US µs = $prep hashing rounds" >&2
 fi
 
-lua=$(mktemp --suffix=.lua)
-cat > "$lua" <<'LUA'
-local counter = 0
-local tid = 0
-local threads = 0
-function setup(thread)
-  thread:set("tid", threads)
-  threads = threads + 1
-end
-function request()
-  counter = counter + 1
-  local path = string.format("/objects/%d/w%d-%d-%d", counter % 16, tid, counter, math.random(1000000000))
-  return wrk.format("PUT", path, {["Content-Type"] = "application/json"}, '{"data":"object"}')
-end
-LUA
-reads_lua=$(mktemp --suffix=.lua)
-cat > "$reads_lua" <<'LUA'
-local counter = 0
-function request()
-  counter = counter + 1
-  return wrk.format("GET", string.format("/objects/%d/seed-%d", counter % 16, counter % 200))
-end
-LUA
+lua=benches/scripts/put.lua
+reads_lua=benches/scripts/get.lua
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 rps() { sed -n 's/^Requests\/sec: *\([0-9.]*\).*/\1/p' "$1"; }
@@ -117,7 +96,6 @@ for round in $(seq 0 $((rounds - 1))); do
     done
   done
 done
-rm -f "$lua" "$reads_lua"
 
 python3 - "$tsv" > "$out/summary.md" <<'PY'
 import csv, statistics, sys

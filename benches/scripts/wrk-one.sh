@@ -21,20 +21,6 @@ bin=${BIN:-$(cargo bench --features sqlite-write --bench writepath --no-run 2>&1
 [ -x "$bin" ] || { echo "could not build the writepath bench" >&2; exit 1; }
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-cat > "$dir/put.lua" <<'LUA'
-local counter = 0
-local tid = 0
-local threads = 0
-function setup(thread)
-  thread:set("tid", threads)
-  threads = threads + 1
-end
-function request()
-  counter = counter + 1
-  local path = string.format("/objects/%d/w%d-%d-%d", counter % 16, tid, counter, math.random(1000000000))
-  return wrk.format("PUT", path, {["Content-Type"] = "application/json"}, '{"data":"object"}')
-end
-LUA
 mkfifo "$dir/stdin"
 "$bin" --serve "$config" --db "$dir/db.sqlite" --pool-size 8 --synchronous "$sync" \
   --prep-rounds 0 --turn-stats "$out/turn-$tag.txt" < "$dir/stdin" > "$dir/stdout" 2> "$dir/server.log" &
@@ -44,13 +30,13 @@ for _ in $(seq 1 200); do grep -q listening "$dir/stdout" 2>/dev/null && break; 
 addr=$(sed -n 's/^listening //p' "$dir/stdout")
 [ -n "$addr" ] || { cat "$dir/server.log" >&2; exit 1; }
 threads=$(( conns < 2 ? 1 : 2 ))
-wrk -t "$threads" -c "$conns" -d 1s -s "$dir/put.lua" "http://$addr" > /dev/null 2>&1 || true
+wrk -t "$threads" -c "$conns" -d 1s -s benches/scripts/put.lua "http://$addr" > /dev/null 2>&1 || true
 before=$(awk '{print $14 + $15}' "/proc/$pid/stat")
 if [ "${PERF:-0}" = 1 ]; then
   perf record -F 2000 -g -p "$pid" -o "$out/perf-$tag.data" -- sleep "$duration" > /dev/null 2>&1 &
   perf_pid=$!
 fi
-wrk -t "$threads" -c "$conns" -d "${duration}s" -s "$dir/put.lua" --latency "http://$addr" > "$dir/wrk.txt" 2>&1
+wrk -t "$threads" -c "$conns" -d "${duration}s" -s benches/scripts/put.lua --latency "http://$addr" > "$dir/wrk.txt" 2>&1
 [ "${PERF:-0}" = 1 ] && wait "$perf_pid"
 after=$(awk '{print $14 + $15}' "/proc/$pid/stat")
 exec 3>&-
