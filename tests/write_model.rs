@@ -33,8 +33,8 @@
 //!   exactly where its fsync was shared (its checkpoints then the background checkpointer's),
 //!   SQLite's own threshold everywhere else (a begin cancelled between the two statements that
 //!   set its level and its checkpoint must leave both to be set again);
-//! - at `FULL`, a `commit()` is `Ok` only once its row is durable at that moment (its own `COMMIT` at
-//!   `FULL`, or, with group commit, a shared fsync that started after its `COMMIT`); a commit
+//! - at `FULL`, a `commit()` is `Ok` only once its row is durable at that moment (its own
+//!   `COMMIT`, or, with group commit, a shared fsync that started after its `COMMIT`); a commit
 //!   cancelled while it waits for the fsync is fenced; one fsync in eight fails, and its
 //!   waiters' `commit()`s fail, their rows committed and fenced, never `Ok`; no transaction
 //!   is ever left waiting (shuttle fails a schedule in which every task waits);
