@@ -36,10 +36,9 @@ prep=${PREP_ROUNDS:-0}
 idle=${IDLE:-0}
 command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 1; }
 
+. benches/scripts/serve.sh
 # BIN: a writepath bench binary built elsewhere (another commit's, for a before/after).
-bin=${BIN:-$(cargo bench --features sqlite-write --bench writepath --no-run 2>&1 \
-  | sed -n 's/.*(\(target\/release\/deps\/writepath-[0-9a-f]*\)).*/\1/p' | tail -1)}
-[ -x "$bin" ] || { echo "could not build the writepath bench" >&2; exit 1; }
+bin=$(bench_bin)
 if [ -n "${PREP_US:-}" ]; then
   prep=$("$bin" --calibrate --prep-us "$PREP_US")
   echo "prep: $PREP_US µs = $prep hashing rounds" >&2
@@ -48,9 +47,6 @@ fi
 lua=benches/scripts/put.lua
 reads_lua=benches/scripts/get.lua
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-rps() { sed -n 's/^Requests\/sec: *\([0-9.]*\).*/\1/p' "$1"; }
-total() { sed -n 's/^ *\([0-9]*\) requests in.*/\1/p' "$1"; }
 non2xx() { sed -n 's/^ *Non-2xx or 3xx responses: *\([0-9]*\).*/\1/p' "$1"; }
 p99() { awk '$1 == "99%" {print $2}' "$1"; }
 
@@ -62,15 +58,7 @@ for round in $(seq 0 $((rounds - 1))); do
     for i in $(seq 0 $((n - 1))); do
       config=${configs[$(( (i + round) % n ))]}
       dir=$(mktemp -d)
-      fifo="$dir/stdin"
-      mkfifo "$fifo"
-      "$bin" --serve "$config" --db "$dir/db.sqlite" --pool-size 8 --synchronous "$sync" \
-        --prep-rounds "$prep" < "$fifo" > "$dir/stdout" 2> "$dir/server.log" &
-      pid=$!
-      exec 3> "$fifo"
-      for _ in $(seq 1 200); do grep -q listening "$dir/stdout" 2>/dev/null && break; sleep 0.05; done
-      addr=$(sed -n 's/^listening //p' "$dir/stdout")
-      [ -n "$addr" ] || { cat "$dir/server.log" >&2; exit 1; }
+      start_server "$bin" "$dir" "$config" "$sync" "$prep" || exit 1
       threads=$(( c < 2 ? 1 : 2 ))
       wrk -t "$threads" -c "$c" -d 1s -s "$lua" "http://$addr" > /dev/null 2>&1 || true
       sleep "$idle"
@@ -82,8 +70,7 @@ for round in $(seq 0 $((rounds - 1))); do
       wrk -t "$threads" -c "$c" -d "${duration}s" -s "$lua" --latency "http://$addr" > "$dir/writes.txt" 2>&1
       [ "$readers" -gt 0 ] && wait "$rpid"
       after=$(cpu_ticks "$pid")
-      exec 3>&-
-      wait "$pid" || { echo "server $config failed" >&2; cat "$dir/server.log" >&2; exit 1; }
+      stop_server "$dir" || { echo "(the server was $config)" >&2; exit 1; }
       writes=$(rps "$dir/writes.txt")
       reads=0
       [ "$readers" -gt 0 ] && reads=$(rps "$dir/reads.txt")

@@ -16,32 +16,23 @@ duration=${DURATION:-4}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 1; }
-bin=${BIN:-$(cargo bench --features sqlite-write --bench writepath --no-run 2>&1 \
-  | sed -n 's/.*(\(target\/release\/deps\/writepath-[0-9a-f]*\)).*/\1/p' | tail -1)}
-[ -x "$bin" ] || { echo "could not build the writepath bench" >&2; exit 1; }
+. benches/scripts/serve.sh
+bin=$(bench_bin)
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-mkfifo "$dir/stdin"
-"$bin" --serve "$config" --db "$dir/db.sqlite" --pool-size 8 --synchronous "$sync" \
-  --prep-rounds 0 --turn-stats "$out/turn-$tag.txt" < "$dir/stdin" > "$dir/stdout" 2> "$dir/server.log" &
-pid=$!
-exec 3> "$dir/stdin"
-for _ in $(seq 1 200); do grep -q listening "$dir/stdout" 2>/dev/null && break; sleep 0.05; done
-addr=$(sed -n 's/^listening //p' "$dir/stdout")
-[ -n "$addr" ] || { cat "$dir/server.log" >&2; exit 1; }
+start_server "$bin" "$dir" "$config" "$sync" 0 --turn-stats "$out/turn-$tag.txt"
 threads=$(( conns < 2 ? 1 : 2 ))
 wrk -t "$threads" -c "$conns" -d 1s -s benches/scripts/put.lua "http://$addr" > /dev/null 2>&1 || true
-before=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+before=$(cpu_ticks "$pid")
 if [ "${PERF:-0}" = 1 ]; then
   perf record -F 2000 -g -p "$pid" -o "$out/perf-$tag.data" -- sleep "$duration" > /dev/null 2>&1 &
   perf_pid=$!
 fi
 wrk -t "$threads" -c "$conns" -d "${duration}s" -s benches/scripts/put.lua --latency "http://$addr" > "$dir/wrk.txt" 2>&1
 [ "${PERF:-0}" = 1 ] && wait "$perf_pid"
-after=$(awk '{print $14 + $15}' "/proc/$pid/stat")
-exec 3>&-
-wait "$pid"
-count=$(sed -n 's/^ *\([0-9]*\) requests in.*/\1/p' "$dir/wrk.txt")
-rps=$(sed -n 's/^Requests\/sec: *\([0-9.]*\).*/\1/p' "$dir/wrk.txt")
+after=$(cpu_ticks "$pid")
+stop_server "$dir"
+count=$(total "$dir/wrk.txt")
+rps=$(rps "$dir/wrk.txt")
 tick_us=$(( 1000000 / $(getconf CLK_TCK) ))
 echo "$tag $config $sync $conns writes/s $rps cpu_us_per_write $(( (after - before) * tick_us / count ))"
