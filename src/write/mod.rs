@@ -187,11 +187,12 @@
 //! every statement is a round trip: the command wakes that thread, the answer wakes the
 //! handler's task, which the runtime then has to schedule. Measured on sqlx's side (64 writers,
 //! two cores, a four-statement transaction, `BENCHMARKS.md`): about four fifths of the time a
-//! transaction held the turn was that wake-up and scheduling, one fifth SQLite. So what shortens
-//! the turn is fewer statements inside it, not faster ones: one multi-row `INSERT` instead of a
-//! loop, `RETURNING` instead of a `SELECT` after the write, and anything that is not a statement
-//! of the transaction (hashing, rendering, a read that need not see the transaction's writes)
-//! done before `begin()` or after `commit()`.
+//! transaction held the turn was that wake-up and scheduling, one fifth SQLite. It follows (an
+//! inference from that measurement, not measured as such) that fewer statements inside the
+//! turn shorten it more than faster ones: one multi-row `INSERT` instead of a loop, `RETURNING`
+//! instead of a `SELECT` after the write, and anything that is not a statement of the
+//! transaction (hashing, rendering, a read that need not see the transaction's writes) done
+//! before `begin()` or after `commit()`.
 //!
 //! # Readers beside the writer
 //!
