@@ -21,13 +21,14 @@
 //! | `tower_sqlite_retry_write_waiting` | gauge | count | `database` | the write path: write transactions waiting for their database's turn now (the queue's length) |
 //! | `tower_sqlite_retry_write_group_members` | histogram | count | `database` | group commit: write transactions made durable by one shared fsync of the WAL |
 //! | `tower_sqlite_retry_write_group_held_seconds` | histogram | seconds | `database` | group commit: time one shared fsync of the WAL took (outside the write lock) |
+//! | `tower_sqlite_retry_write_sync_errors_total` | counter | count | `database` | group commit: syncs of the WAL that failed; each stopped group commit for its pool (the disk refused a write) |
 //!
 //! ¹ only when the request ended on a retryable error the layer did not (or could no longer)
 //! replay: outcomes `exhausted`, `deadline`, `budget_exhausted`, `not_replayable`, `fenced`.
 //!
 //! The names are also constants here ([`REQUESTS`], [`REPLAYS`], [`ATTEMPTS`], [`BACKOFF`],
 //! [`QUEUE_WAIT`], [`BUFFERED_BYTES`], [`WRITE_WAIT`], [`WRITE_HELD`], [`WRITE_WAITING`],
-//! [`WRITE_GROUP_MEMBERS`], [`WRITE_GROUP_HELD`]), with
+//! [`WRITE_GROUP_MEMBERS`], [`WRITE_GROUP_HELD`], [`WRITE_SYNC_ERRORS`]), with
 //! suggested histogram buckets ([`ATTEMPTS_BUCKETS`], [`SECONDS_BUCKETS`]).
 //!
 //! The write path's utilization, in PromQL: the share of each second a write transaction held
@@ -210,6 +211,13 @@ pub const WRITE_GROUP_MEMBERS: &str = "tower_sqlite_retry_write_group_members";
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const WRITE_GROUP_HELD: &str = "tower_sqlite_retry_write_group_held_seconds";
 
+/// Counter: syncs of the WAL that failed while group commit shared its fsync (the shared
+/// fsync, a checkpoint's, a `COMMIT`'s on the writer connection); each stopped group commit
+/// for its pool (the disk refused a write: see the write path's docs). Label `database`.
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub const WRITE_SYNC_ERRORS: &str = "tower_sqlite_retry_write_sync_errors_total";
+
 /// Gauge: write transactions waiting for their database's turn now. Label `database`.
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
@@ -242,7 +250,7 @@ mod emit {
 
     use super::{
         ATTEMPTS, BACKOFF, BUFFERED_BYTES, QUEUE_WAIT, REPLAYS, REQUESTS, WRITE_GROUP_HELD,
-        WRITE_GROUP_MEMBERS, WRITE_HELD, WRITE_WAIT, WRITE_WAITING,
+        WRITE_GROUP_MEMBERS, WRITE_HELD, WRITE_SYNC_ERRORS, WRITE_WAIT, WRITE_WAITING,
     };
     use crate::route::Route;
 
@@ -309,6 +317,12 @@ mod emit {
                 WRITE_GROUP_HELD,
                 Unit::Seconds,
                 "Time one shared fsync of the WAL took (group commit)."
+            );
+            metrics::describe_counter!(
+                WRITE_SYNC_ERRORS,
+                Unit::Count,
+                "Syncs of the WAL that failed while group commit shared its fsync; each stopped \
+                 group commit for its pool (the disk refused a write)."
             );
             metrics::describe_gauge!(
                 WRITE_WAITING,
@@ -406,6 +420,11 @@ mod emit {
         let labels = vec![Label::new(DATABASE, Arc::clone(database))];
         metrics::histogram!(WRITE_GROUP_MEMBERS, labels.clone()).record(members as f64);
         metrics::histogram!(WRITE_GROUP_HELD, labels).record(held);
+    }
+
+    pub(crate) fn write_sync_failed(database: &Arc<str>) {
+        let labels = vec![Label::new(DATABASE, Arc::clone(database))];
+        metrics::counter!(WRITE_SYNC_ERRORS, labels).increment(1);
     }
 
     pub(crate) fn write_waiting(database: &Arc<str>, delta: i8) {
@@ -519,6 +538,15 @@ pub(crate) fn write_group(database: &std::sync::Arc<str>, members: usize, held: 
     emit::write_group(database, members, held);
     #[cfg(not(feature = "metrics"))]
     let _ = (database, members, held);
+}
+
+/// Group commit stopped for a pool of `database`: a sync of its WAL failed.
+#[inline]
+pub(crate) fn write_sync_failed(database: &std::sync::Arc<str>) {
+    #[cfg(feature = "metrics")]
+    emit::write_sync_failed(database);
+    #[cfg(not(feature = "metrics"))]
+    let _ = database;
 }
 
 /// Bytes buffered for replay, all layers together: `delta` more (positive) or fewer.

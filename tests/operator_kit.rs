@@ -382,6 +382,32 @@ async fn drive() {
     writes.hold_fsync(false);
     assert_eq!(grouped.await.unwrap().status, StatusCode::CREATED);
     assert!(writes.stats().unwrap().syncs >= 1, "a shared fsync ran");
+
+    // A sync of the WAL fails (its directory renamed while a commit waits: the WAL is no
+    // longer at its path): the commit is answered 500, and the error counted.
+    let dir = db.path.parent().unwrap().to_owned();
+    let moved = dir.with_extension("moved");
+    writes.hold_fsync(true);
+    let before = rows(&plain).await;
+    let failed = tokio::spawn({
+        let client = client.clone();
+        async move { client.post("/items/4", "").await }
+    });
+    poll_until("its COMMIT went through", async || {
+        rows(&plain).await > before
+    })
+    .await;
+    std::fs::rename(&dir, &moved).unwrap();
+    writes.hold_fsync(false);
+    let reply = failed.await.unwrap();
+    std::fs::rename(&moved, &dir).unwrap();
+    assert_eq!(
+        reply.status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "{}",
+        reply.text()
+    );
+    assert_eq!(writes.stats().unwrap().sync_errors, 1);
 }
 
 // ---------------------------------------------------------------------------------------------

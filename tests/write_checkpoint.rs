@@ -18,7 +18,7 @@ use common::{TestDb, capture_events, poll_until};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions, SqliteSynchronous};
 use tower_sqlite_retry::WritePool;
 
-const EVENT: &str = "checkpoint of the WAL, off the turn";
+const EVENT: &str = "checkpoint of the WAL, off the writers' transactions";
 
 async fn write_pool(options: SqliteConnectOptions) -> WritePool {
     let pool = SqlitePoolOptions::new()
@@ -120,6 +120,57 @@ async fn while_the_fsync_is_shared_checkpoints_run_in_the_background() {
     assert_eq!(rows, 1_200);
     // Alone again: SQLite's schedule again.
     assert_eq!(writer_autocheckpoint(&writes).await, 1_000);
+    writes.close().await;
+}
+
+/// Under steady load, with no reader open, the WAL restarts once per threshold: the
+/// checkpointer catches up in the turn (a passive checkpoint alone never does while writers
+/// append), and its file stays near `wal_autocheckpoint` (1,000 pages here) instead of
+/// growing to the writer connection's backstop (10,000 pages). 8,000 commits of a page or
+/// more each: without restarts the WAL would hold 8,000 frames or more.
+#[tokio::test]
+async fn under_steady_load_the_wal_restarts_near_its_threshold() {
+    let db = TestDb::new();
+    let writes = write_pool(
+        db.options(Duration::from_secs(5))
+            .synchronous(SqliteSynchronous::Full),
+    )
+    .await;
+    let page_size: i64 = sqlx::query_scalar("PRAGMA page_size")
+        .fetch_one(writes.pool())
+        .await
+        .unwrap();
+    let frame = u64::try_from(page_size).unwrap() + 24;
+    let (events, _guard) = capture_events();
+    concurrent_commits(&writes, 8, 1_000).await;
+    let path = writes.path().expect("a file").to_owned();
+    let mut wal = path.into_os_string();
+    wal.push("-wal");
+    let size = std::fs::metadata(&wal).unwrap().len();
+    let frames = size.saturating_sub(32) / frame;
+    // The bound: twice the threshold, with room for the frames appended while a checkpoint
+    // waits for the turn behind the 8 writers. Without restarts: 8,000 or more.
+    assert!(
+        frames <= 3_000,
+        "the WAL's file holds {frames} frames ({size} bytes): it did not restart"
+    );
+    let checkpoints = events.with_message(EVENT);
+    assert!(
+        checkpoints.iter().any(|c| c["db.write.in_turn"] == "true"),
+        "a checkpoint caught up in the turn: {checkpoints:?}"
+    );
+    // Not back to back: about one per threshold's worth of commits (8,000 commits of a page
+    // or more: at most 8 or so).
+    assert!(
+        checkpoints.len() <= 16,
+        "{} checkpoints for 8,000 commits",
+        checkpoints.len()
+    );
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM items")
+        .fetch_one(writes.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 8_000);
     writes.close().await;
 }
 

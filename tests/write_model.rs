@@ -163,6 +163,7 @@ mod recorder {
     pub(crate) fn write_held(_: Option<&Route>, _: &Arc<str>, _: Duration) {}
     pub(crate) fn write_waiting(_: &Arc<str>, _: i8) {}
     pub(crate) fn write_group(_: &Arc<str>, _: usize, _: Duration) {}
+    pub(crate) fn write_sync_failed(_: &Arc<str>) {}
 }
 
 /// The crate's `classify` as the write path sees it: a retryable error's marker.
@@ -204,6 +205,8 @@ mod stats;
 mod transaction;
 #[path = "../src/write/turn.rs"]
 mod turn;
+#[path = "../src/write/wal.rs"]
+mod wal;
 
 use attempt::RequestState;
 use driver::Driver;
@@ -246,6 +249,10 @@ struct Db {
     old_protocol: bool,
     /// Background checkpoints under way (`checkpoint.rs`): never more than one.
     checkpointing: AtomicUsize,
+    /// The tasks the write path spawned (`Driver::spawn`), awaited before the checks: a
+    /// checkpoint takes the turn between transactions, and may still hold it when the
+    /// schedule's last writer is done.
+    tasks: Mutex<Vec<shuttle::future::JoinHandle<()>>>,
     /// The WAL at `NORMAL` (a third of the schedules): no fsync to share (group commit changes
     /// nothing), a `COMMIT` is not durable when it returns (nor meant to be), and the writer
     /// connection checkpoints as SQLite does.
@@ -582,14 +589,21 @@ impl Driver for Model {
         finished.await.map_err(|_| ModelError::WorkerCrashed)
     }
 
-    async fn sync_file(_: PathBuf) -> std::io::Result<()> {
+    fn open_wal(_: &std::path::Path) -> std::io::Result<wal::Wal> {
+        // A descriptor the model never syncs (`sync_wal` below stands in for the fsync).
+        wal::Wal::open(std::path::Path::new("/dev/null"))
+    }
+
+    async fn sync_wal(_: Arc<wal::Wal>) -> Result<(), wal::SyncError> {
         let db = CURRENT.with(|current| current.borrow().clone().expect("a schedule runs"));
         let snapshot = db.committed.lock().unwrap().clone();
         // The fsync takes time: others commit meanwhile, and are not made durable by it.
         shuttle::future::yield_now().await;
         // One in eight fails (an I/O error): nothing made durable, the waiters told so.
         if thread_rng().gen_ratio(1, 8) {
-            return Err(std::io::Error::other("the model's fsync failed"));
+            return Err(wal::SyncError::Disk(std::io::Error::other(
+                "the model's fsync failed",
+            )));
         }
         db.durable.lock().unwrap().extend(snapshot);
         Ok(())
@@ -660,7 +674,11 @@ impl Driver for Model {
     }
 
     fn spawn(task: impl Future<Output = ()> + Send + 'static) {
-        drop(shuttle::future::spawn(task));
+        let task = shuttle::future::spawn(task);
+        match CURRENT.with(|current| current.borrow().clone()) {
+            Some(db) => db.tasks.lock().unwrap().push(task),
+            None => drop(task),
+        }
     }
 }
 
@@ -942,6 +960,7 @@ fn scenario(old_protocol: bool) {
         connections: Mutex::default(),
         old_protocol,
         checkpointing: AtomicUsize::new(0),
+        tasks: Mutex::default(),
         normal: thread_rng().gen_bool(1.0 / 3.0),
     });
     CURRENT.with(|current| *current.borrow_mut() = Some(Arc::clone(&db)));
@@ -988,6 +1007,17 @@ fn scenario(old_protocol: bool) {
             Err(error) => panic!("the next writer commits: {error:?}"),
         }
     });
+
+    // Every background task done (a checkpoint's, a sync's, an abandoned transaction's).
+    loop {
+        let tasks = std::mem::take(&mut *db.tasks.lock().unwrap());
+        if tasks.is_empty() {
+            break;
+        }
+        for task in tasks {
+            shuttle::future::block_on(task).expect("a background task");
+        }
+    }
 
     let committed = db.committed.lock().unwrap().clone();
     let durable = db.durable.lock().unwrap().clone();

@@ -24,37 +24,55 @@
 //!
 //! So, while the fsync is shared, the writer connection's own automatic checkpoint is moved to
 //! a backstop far above the database's threshold ([`BACKSTOP_PAGES`]), and this checkpointer
-//! runs
-//! `PRAGMA wal_checkpoint(PASSIVE)` on a connection of its own (opened like the writer
-//! connection, kept idle between checkpoints) once the transactions committed since the last
-//! checkpoint wrote about the threshold's worth of pages: SQLite's own schedule, off the turn.
-//! A passive checkpoint never waits for a lock and never blocks a writer or a reader. Nothing
-//! changes for durability: the checkpoint copies only what is already committed (and synced,
-//! at `FULL`), and syncs the database file as SQLite's own would.
+//! takes over once the transactions committed since the last checkpoint wrote about the
+//! threshold's worth of pages (SQLite's own schedule), in two steps:
+//!
+//! 1. **Off the turn**: `PRAGMA wal_checkpoint(PASSIVE)` on a connection of its own (opened
+//!    like the writer connection), while writers go on. It copies the bulk of the WAL, but it
+//!    never catches up while writers append, and a WAL that is never caught up never restarts:
+//!    it only grows (measured: up to the backstop, about 41 MB, with a checkpoint running back
+//!    to back).
+//! 2. **In the turn**: the checkpointer queues for the turn like a writer, and in it runs the
+//!    same passive checkpoint again, which now copies only the frames appended meanwhile and
+//!    catches up (no writer of this process appends); then the turn goes on. The next writer's transaction restarts the WAL from its start (as
+//!    SQLite does once a checkpoint caught up and no reader still reads the WAL's frames), so
+//!    the WAL stays near the threshold. It runs between two transactions, never inside a
+//!    writer's `COMMIT`.
+//!
+//! A passive checkpoint never waits for a lock and never blocks a reader: a reader that still
+//! reads old frames keeps the WAL from restarting (until it ends; the next checkpoint catches
+//! up again). Nothing changes for durability: the checkpoint copies only what is already
+//! committed (and synced, at `FULL`), and syncs the database file as SQLite's own would. A
+//! checkpoint that fails is a WARN; one that fails with an I/O error (`SQLITE_IOERR`: a sync
+//! of the WAL or the database refused) stops group commit (`group.rs`).
 //!
 //! - **Only** on a `WritePool`'s own writer connection sharing its fsync, whose
 //!   `wal_autocheckpoint` is on and below the backstop: a connection the application
 //!   configured otherwise (`wal_autocheckpoint = 0`, it checkpoints itself; or above the
 //!   backstop) is left as it is.
 //! - **How many commits make a threshold**: each checkpoint says how many frames the WAL
-//!   held; divided by the commits since the previous one, that is the frames one commit
-//!   writes, measured, for the next. The first checkpoint comes after `threshold` commits.
-//!   Only commits that shared the fsync count.
+//!   holds; the frames appended since the previous checkpoint (all of them if the WAL
+//!   restarted meanwhile, which the WAL header's checkpoint sequence number says), divided by
+//!   the commits since, are the frames one commit writes, measured, for the next. The first
+//!   checkpoint comes after `threshold` commits. Only commits that shared the fsync count.
 //! - **When the checkpointer cannot run** (no runtime, a failing connection), the backstop
 //!   still bounds the WAL: the writer connection's `COMMIT` checkpoints past it, as before.
 //! - One checkpoint at a time; a commit that finds one running starts none.
 
 use super::sync::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::driver::{BACKSTOP_PAGES, Driver};
-use super::group::NORMAL;
+use super::group::{NORMAL, Syncs};
 
 /// The background checkpointer of one database's writer connection.
 pub(super) struct Checkpoints<D: Driver> {
     /// Where the checkpointing connection comes from (the writer connection's opener).
     pool: D::Pool,
+    /// The shared fsync: its turn (the second step runs in it), its WAL's header, and where an
+    /// I/O error stops group commit.
+    syncs: Arc<Syncs<D>>,
     /// The database's `wal_autocheckpoint`, in pages: about this much WAL between two
     /// checkpoints.
     threshold: u32,
@@ -64,8 +82,9 @@ pub(super) struct Checkpoints<D: Driver> {
     per_commit: AtomicU64,
     /// A checkpoint runs.
     running: AtomicBool,
-    /// The database's name, for the events.
-    database: Arc<str>,
+    /// The WAL as the last checkpoint left it: its frames, and its header's checkpoint
+    /// sequence number (`None`: not read). Only the running checkpoint touches it.
+    last: Mutex<(u64, Option<u32>)>,
 }
 
 impl<D: Driver> Checkpoints<D> {
@@ -76,7 +95,7 @@ impl<D: Driver> Checkpoints<D> {
     pub(super) async fn take_over(
         conn: &mut D::Connection,
         pool: &D::Pool,
-        database: &Arc<str>,
+        syncs: Arc<Syncs<D>>,
     ) -> Result<Option<Arc<Self>>, D::Error> {
         let threshold = match D::autocheckpoint(conn).await? {
             Some(pages) if pages > 0 && pages < BACKSTOP_PAGES => pages,
@@ -84,11 +103,12 @@ impl<D: Driver> Checkpoints<D> {
         };
         Ok(Some(Arc::new(Self {
             pool: pool.clone(),
+            syncs,
             threshold,
             commits: AtomicU64::new(0),
             per_commit: AtomicU64::new(1),
             running: AtomicBool::new(false),
-            database: Arc::clone(database),
+            last: Mutex::new((0, None)),
         })))
     }
 
@@ -118,6 +138,31 @@ impl<D: Driver> Checkpoints<D> {
         let run = Running(Arc::clone(self));
         D::spawn(run.checkpoint(commits));
     }
+
+    /// The frames one commit wrote: those appended since the last checkpoint (all of them if
+    /// the WAL restarted since, its header's sequence number changed) over `commits`.
+    fn measure(&self, frames: u64, sequence: Option<u32>, commits: u64) {
+        let (last_frames, last_sequence) = *self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let restarted = match (sequence, last_sequence) {
+            (Some(now), Some(then)) => now != then,
+            // Not read: a WAL shorter than the last is one that restarted.
+            _ => frames < last_frames,
+        };
+        let appended = if restarted {
+            frames
+        } else {
+            frames.saturating_sub(last_frames)
+        };
+        if appended > 0 && commits > 0 {
+            self.per_commit
+                .store((appended / commits).max(1), Ordering::Relaxed);
+        }
+    }
+
+    /// The WAL as this checkpoint leaves it.
+    fn left(&self, frames: u64, sequence: Option<u32>) {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = (frames, sequence);
+    }
 }
 
 /// A checkpoint under way: lets go of `running` when dropped (done, or never run).
@@ -127,29 +172,56 @@ impl<D: Driver> Running<D> {
     async fn checkpoint(self, commits: u64) {
         let this = &self.0;
         let started = Instant::now();
-        match D::checkpoint(&this.pool).await {
-            Ok((frames, done)) => {
-                if frames > 0 && commits > 0 {
-                    this.per_commit
-                        .store((frames / commits).max(1), Ordering::Relaxed);
-                }
-                tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
-                    db.namespace = %this.database,
-                    db.write.wal_frames = frames,
-                    db.write.checkpointed = done,
-                    db.write.commits = commits,
-                    db.write.checkpoint_us =
-                        u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
-                    "checkpoint of the WAL, off the turn"
-                );
+        // 1. Off the turn: the bulk of the WAL, while writers go on.
+        let sequence = this.syncs.wal_sequence();
+        let (frames, done) = match D::checkpoint(&this.pool).await {
+            Ok(counts) => counts,
+            Err(error) => return self.failed(&error),
+        };
+        this.measure(frames, sequence, commits);
+        let mut left = (frames, done);
+        let mut in_turn = false;
+        // 2. In the turn: caught up, so that the WAL restarts with the next writer. Even when
+        // the first step caught up: a writer in its transaction meanwhile appends after it,
+        // and a WAL restarts only for a writer that began with every frame checkpointed.
+        if let Some(turn) = this.syncs.queue().take(None, None, || None).await {
+            in_turn = true;
+            let caught_up = D::checkpoint(&this.pool).await;
+            drop(turn);
+            match caught_up {
+                Ok(counts) => left = counts,
+                Err(error) => return self.failed(&error),
             }
-            Err(error) => {
-                tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
-                    db.namespace = %this.database,
-                    error.type = D::classify(&error).as_ref().map(|r| r.name()),
-                    "checkpoint of the WAL failed (the writer connection's backstop still bounds it)"
-                );
-            }
+        }
+        this.left(left.0, this.syncs.wal_sequence());
+        tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
+            db.namespace = %this.syncs.queue().database(),
+            db.write.wal_frames = frames,
+            db.write.checkpointed = done,
+            db.write.wal_frames_left = left.0.saturating_sub(left.1),
+            db.write.in_turn = in_turn,
+            db.write.commits = commits,
+            db.write.checkpoint_us =
+                u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+            "checkpoint of the WAL, off the writers' transactions"
+        );
+    }
+
+    /// A checkpoint failed: a WARN, and group commit stops if the disk refused (the
+    /// writer connection's backstop still bounds the WAL).
+    fn failed(&self, error: &D::Error) {
+        let this = &self.0;
+        let io = D::is_io_error(error);
+        tracing::event!(target: "tower_sqlite_retry", tracing::Level::WARN,
+            db.namespace = %this.syncs.queue().database(),
+            error.type = D::classify(error).as_ref().map(|r| r.name()),
+            db.write.io_error = io,
+            "checkpoint of the WAL failed (the writer connection's own checkpoints still bound \
+             the WAL)"
+        );
+        if io {
+            this.syncs
+                .stop("a checkpoint of the WAL failed with an I/O error (SQLITE_IOERR)");
         }
     }
 }

@@ -6,12 +6,13 @@ use std::any::Any;
 use std::future::Future;
 use std::io;
 use std::ops::DerefMut;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::failed::GroupCommitFailed;
 use super::gate::CommitGate;
+use super::wal::{SyncError, Wal};
 use crate::classify::Retryable;
 
 /// The query [`Driver::durability`] runs: the journal mode and the `synchronous` level.
@@ -162,13 +163,25 @@ pub trait Driver: Send + Sync + Sized + 'static {
     /// failed (`Error::Io` around it, where the classifiers look for it).
     fn group_failed(failure: GroupCommitFailed) -> Self::Error;
 
-    /// fsyncs the file at `path` (a WAL), off the runtime's threads.
-    fn sync_file(path: PathBuf) -> impl Future<Output = io::Result<()>> + Send {
+    /// Opens the WAL group commit syncs, read-write (`wal.rs`).
+    fn open_wal(path: &Path) -> io::Result<Wal> {
+        Wal::open(path)
+    }
+
+    /// fsyncs the WAL (once its identity is checked), off the runtime's threads.
+    fn sync_wal(wal: Arc<Wal>) -> impl Future<Output = Result<(), SyncError>> + Send {
         async move {
-            tokio::task::spawn_blocking(move || sync_now(&path))
+            tokio::task::spawn_blocking(move || wal.sync())
                 .await
-                .unwrap_or_else(|joined| Err(io::Error::other(joined)))
+                .unwrap_or_else(|joined| Err(SyncError::Disk(io::Error::other(joined))))
         }
+    }
+
+    /// Whether the error is SQLite's `SQLITE_IOERR` (any of its extended codes): the disk
+    /// refused a read or a write (an fsync of the WAL, in a `COMMIT` or a checkpoint).
+    fn is_io_error(error: &Self::Error) -> bool {
+        let _ = error;
+        false
     }
 
     /// The write path's one spawn site: runs `task` in the background, or drops it unpolled
@@ -180,16 +193,5 @@ pub trait Driver: Send + Sync + Sized + 'static {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(task);
         }
-    }
-}
-
-/// fsyncs the file at `path` (its data, and the size that reads it need). A WAL that is gone
-/// was checkpointed and deleted by the last connection that closed, which synced the database
-/// first: nothing is left to sync.
-pub(crate) fn sync_now(path: &std::path::Path) -> io::Result<()> {
-    match std::fs::File::open(path) {
-        Ok(file) => file.sync_data(),
-        Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(error) => Err(error),
     }
 }

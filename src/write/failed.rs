@@ -7,8 +7,11 @@ use std::fmt;
 use crate::classify::Retryable;
 
 /// The error a write transaction's `commit()` fails with when group commit (see
-/// [`GroupCommit`](super::GroupCommit)) shared the fsync and the fsync of the WAL it waited for
-/// failed: the transaction's `COMMIT` went through, but it is not known to be durable.
+/// [`GroupCommit`](super::GroupCommit)) shared the fsync and the WAL could not be made durable
+/// for it: the fsync it waited for failed, the WAL was no longer at its path, or an earlier
+/// sync of the WAL failed (then group commit stopped for the pool: see the write path's docs,
+/// "When the disk refuses a write"). The transaction's `COMMIT` went through, but it is not
+/// known to be durable.
 ///
 /// Never retryable (a replay would write twice: the request was fenced at the `COMMIT`); the
 /// layer answers `500`. The write path puts it inside the driver's I/O error

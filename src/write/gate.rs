@@ -10,6 +10,15 @@
 //! the write path is committing. Anything else that would commit there is turned into a
 //! rollback by SQLite (the statement fails with `SQLITE_CONSTRAINT_COMMITHOOK`), and the
 //! transaction's `commit()` then fails with an error that says why.
+//!
+//! A handler can replace the hook on its transaction's connection (`lock_handle()` then
+//! `set_commit_hook`, or `remove_commit_hook`), which would remove the guard for every later
+//! transaction, and leave the handler's own hook (a veto, say) deciding their commits. So the
+//! gate is set again wherever it may have been replaced: after a `COMMIT` during which SQLite
+//! did not ask it (a successful `COMMIT` always asks the hook, so an unasked gate was
+//! replaced), after a failed `COMMIT`, and after a rollback. A commit that succeeds with the
+//! gate asked, the common path, costs nothing more. A handler's hook thus lasts at most until
+//! its own transaction ends.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -52,9 +61,23 @@ impl CommitGate {
     }
 
     /// The write path's `COMMIT` answered: whether a commit the write path did not send was
-    /// refused since the transaction began.
-    pub(super) fn close(&self) -> bool {
-        self.open.store(false, Ordering::Release);
-        self.refused.load(Ordering::Acquire)
+    /// refused since the transaction began, and whether the hook was not asked (still open:
+    /// the handler replaced or removed it through `lock_handle()`, or the `COMMIT` failed
+    /// before SQLite asks it) and must be set again.
+    pub(super) fn close(&self) -> Closed {
+        let unasked = self.open.swap(false, Ordering::AcqRel);
+        Closed {
+            refused: self.refused.load(Ordering::Acquire),
+            unasked,
+        }
     }
+}
+
+/// What [`CommitGate::close`] found.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Closed {
+    /// A commit the write path did not send was refused.
+    pub(super) refused: bool,
+    /// The hook was not asked during the write path's `COMMIT`.
+    pub(super) unasked: bool,
 }

@@ -41,7 +41,6 @@
 //! fsyncs itself, with no hand-off (`level_for`); the writer connection's level changes only
 //! when the load does.
 
-use std::io;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -53,6 +52,7 @@ use tokio::sync::oneshot;
 use super::driver::Driver;
 use super::failed::GroupCommitFailed;
 use super::turn::Queue;
+use super::wal::{SyncError, Wal};
 
 /// Group commit's settings. See [`WritePool::group_commit`](crate::write) (feature
 /// `sqlite-write`).
@@ -121,8 +121,8 @@ impl GroupCommit {
 /// The shared fsync of one writer connection's WAL: transactions committed at `NORMAL` wait
 /// here for an fsync that started after their `COMMIT` returned.
 pub(super) struct Syncs<D: Driver> {
-    /// The WAL file (shared with every `Pending`: no allocation per commit).
-    wal: Arc<Path>,
+    /// The WAL's path, for the messages and for opening it.
+    path: PathBuf,
     queue: Arc<Queue>,
     /// The pool's own `synchronous` level (`FULL` or `EXTRA`).
     level: u8,
@@ -136,31 +136,53 @@ pub(super) struct Syncs<D: Driver> {
 /// `PRAGMA synchronous = NORMAL`.
 pub(super) const NORMAL: u8 = 1;
 
+/// How many committed transactions may wait, unanswered, for the shared fsync (those waiting
+/// and those the running fsync covers): past it, a transaction that begins runs at the pool's
+/// own level and its `COMMIT` fsyncs in the turn, as without group commit, so that a disk that
+/// stalls holds the writers back instead of letting every one of them commit (visible) without
+/// an answer. Far above what a working disk gathers (`BENCHMARKS.md`: the largest group under
+/// 256 writers).
+pub(super) const MAX_UNANSWERED: usize = 512;
+
 /// Who waits, and whether a sync task runs.
 #[derive(Default)]
 struct State {
     /// Transactions whose `COMMIT` returned, waiting for an fsync that starts after it.
     waiting: Vec<oneshot::Sender<Synced>>,
+    /// How many the running fsync covers.
+    in_flight: usize,
     /// A task runs the fsyncs (it takes `waiting` whole before each).
     running: bool,
     /// Test seam: no fsync starts while held.
     held: bool,
+    /// The WAL's descriptor, opened with the writer connection (`None`: it could not be
+    /// opened, and nothing is shared until a writer connection opens it).
+    wal: Option<Arc<Wal>>,
+    /// Why group commit stopped for good (a sync of the WAL failed): nothing is shared any
+    /// more, and every transaction that still waits is told this.
+    stopped: Option<Arc<str>>,
 }
 
-/// What a waiting transaction is told: `Err` carries the fsync's number and error.
-type Synced = Result<(), (u64, Arc<io::Error>)>;
+/// What a waiting transaction is told: `Err` carries what failed.
+type Synced = Result<(), Arc<str>>;
 
 fn lock(mutex: &Mutex<State>) -> MutexGuard<'_, State> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// What an operator does once the disk refused a write of the WAL.
+const STOPPED_ADVICE: &str = "group commit is off for this database until the process \
+     restarts (each COMMIT is SQLite's own again); check the disk, then restart the process \
+     (SQLite recovers the WAL)";
+
 impl<D: Driver> Syncs<D> {
     /// The shared fsync of `database`'s WAL (`database`: the main file, as SQLite names it).
+    /// Its descriptor is opened by [`attach`](Self::attach).
     pub(super) fn new(database: &Path, queue: Arc<Queue>, level: u8) -> Arc<Self> {
         let mut wal = database.as_os_str().to_owned();
         wal.push("-wal");
         Arc::new(Self {
-            wal: Arc::from(PathBuf::from(wal)),
+            path: PathBuf::from(wal),
             queue,
             level,
             now: AtomicU8::new(level),
@@ -169,23 +191,58 @@ impl<D: Driver> Syncs<D> {
         })
     }
 
+    /// A writer connection was opened (at the pool's level): the WAL's descriptor is opened
+    /// with it, read-write, and kept until the next one opens (`wal.rs`). Call it once the
+    /// connection has read the database (SQLite opened the WAL).
+    pub(super) fn attach(&self) {
+        self.now.store(self.level, Ordering::Release);
+        let opened = D::open_wal(&self.path);
+        let mut state = lock(&self.state);
+        match opened {
+            Ok(wal) => state.wal = Some(Arc::new(wal)),
+            Err(error) => {
+                state.wal = None;
+                tracing::warn!(
+                    db.namespace = %self.queue.database(),
+                    error.message = %error,
+                    "group commit: the WAL ({}) could not be opened for syncing; every COMMIT \
+                     syncs on its own until the next writer connection opens it",
+                    self.path.display()
+                );
+            }
+        }
+    }
+
     /// The level a transaction about to begin runs at: `NORMAL` (its fsync shared) when
     /// another writer waits for the turn or an fsync is under way or waited for; otherwise the
     /// pool's own, and its `COMMIT` fsyncs as it would without group commit (a lone writer
-    /// pays no hand-off). `Some` when the writer connection must change to it first.
+    /// pays no hand-off). The pool's own too once group commit stopped, without a WAL
+    /// descriptor, and past [`MAX_UNANSWERED`]. `Some` when the writer connection must change
+    /// to it first.
     pub(super) fn level_for(&self, others_wait: bool) -> (u8, Option<u8>) {
-        let idle = !others_wait && {
+        let shared = {
             let state = lock(&self.state);
-            state.waiting.is_empty() && !state.running && !state.held
+            let busy = !state.waiting.is_empty() || state.running || state.held;
+            (others_wait || busy)
+                && state.stopped.is_none()
+                && state.wal.is_some()
+                && state.waiting.len() + state.in_flight < MAX_UNANSWERED
         };
-        let level = if idle { self.level } else { NORMAL };
+        let level = if shared { NORMAL } else { self.level };
         let change = (self.now.swap(level, Ordering::AcqRel) != level).then_some(level);
         (level, change)
     }
 
-    /// A writer connection was opened: at the pool's level.
-    pub(super) fn opened(&self) {
-        self.now.store(self.level, Ordering::Release);
+    /// The turn of the database whose WAL this is.
+    pub(super) fn queue(&self) -> &Arc<Queue> {
+        &self.queue
+    }
+
+    /// The WAL header's checkpoint sequence number (it changes each time the WAL restarts),
+    /// read through the kept descriptor; `None` if it cannot be read.
+    pub(super) fn wal_sequence(&self) -> Option<u32> {
+        let wal = lock(&self.state).wal.clone()?;
+        wal.checkpoint_sequence()
     }
 
     /// The writer connection's level is not known (being set, or setting it failed or was
@@ -201,19 +258,56 @@ impl<D: Driver> Syncs<D> {
 
     /// A transaction's `COMMIT` returned: its place in the next fsync. Called with no await
     /// between the `COMMIT`'s answer and this, so that the fsync it waits for starts after.
-    pub(super) fn committed(self: &Arc<Self>) -> Pending {
+    /// Once group commit stopped, told so at once.
+    pub(super) fn committed(self: &Arc<Self>) -> Pending<D> {
         let (tx, rx) = oneshot::channel();
         let start = {
             let mut state = lock(&self.state);
-            state.waiting.push(tx);
-            !state.held && !std::mem::replace(&mut state.running, true)
+            if let Some(why) = &state.stopped {
+                let _ = tx.send(Err(Arc::clone(why)));
+                false
+            } else {
+                state.waiting.push(tx);
+                !state.held && !std::mem::replace(&mut state.running, true)
+            }
         };
         if start {
             self.start();
         }
         Pending {
             told: rx,
-            wal: Arc::clone(&self.wal),
+            syncs: Arc::clone(self),
+        }
+    }
+
+    /// A sync of the WAL failed (the shared fsync, the checkpointer's, or a `COMMIT` on the
+    /// writer connection): nothing is acknowledged through the shared fsync from now on. Every
+    /// transaction waiting is told `why`, later ones too; transactions begin at the pool's own
+    /// level (each `COMMIT` SQLite's own); an ERROR event and the counter say so, once.
+    pub(super) fn stop(&self, why: &str) {
+        let (first, waiting, stopped) = {
+            let mut state = lock(&self.state);
+            let first = state.stopped.is_none();
+            if first {
+                state.stopped = Some(Arc::from(format!("{why}; {STOPPED_ADVICE}")));
+            }
+            let stopped = state.stopped.clone().expect("set above");
+            (first, std::mem::take(&mut state.waiting), stopped)
+        };
+        for waiter in waiting {
+            let _ = waiter.send(Err(Arc::clone(&stopped)));
+        }
+        if first {
+            self.queue.counts().sync_failed();
+            crate::recorder::write_sync_failed(self.queue.database());
+            tracing::error!(
+                db.namespace = %self.queue.database(),
+                error.message = %why,
+                "group commit stopped: a sync of the WAL ({}) failed, and what it did not make \
+                 durable cannot be told apart; the transactions waiting for an fsync, and any \
+                 that commit before the writer connection's level changes back, fail; {STOPPED_ADVICE}",
+                self.path.display()
+            );
         }
     }
 
@@ -258,17 +352,25 @@ impl<D: Driver> Running<D> {
     async fn run(mut self) {
         let syncs = Arc::clone(&self.syncs);
         loop {
-            {
+            let wal = {
                 let mut state = lock(&syncs.state);
                 if state.waiting.is_empty() || state.held {
                     state.running = false;
+                    state.in_flight = 0;
                     self.done = true;
                     return;
                 }
                 self.batch = std::mem::take(&mut state.waiting);
-            }
+                state.in_flight = self.batch.len();
+                state.wal.clone()
+            };
             let started = Instant::now();
-            let synced = D::sync_file(syncs.wal.to_path_buf()).await;
+            let synced = match wal {
+                Some(wal) => D::sync_wal(wal).await,
+                None => Err(SyncError::Moved(
+                    "its descriptor could not be opened with the writer connection".to_owned(),
+                )),
+            };
             let took = started.elapsed();
             let members = self.batch.len();
             let group = syncs.queue.counts().synced(members);
@@ -282,16 +384,14 @@ impl<D: Driver> Running<D> {
                 "group commit: an fsync of the WAL ran for the transactions waiting"
             );
             if let Err(error) = &synced {
-                tracing::error!(
-                    db.namespace = %syncs.queue.database(),
-                    db.write.group = group,
-                    db.write.transactions = members,
-                    error.message = %error,
-                    "group commit: the fsync of the WAL failed; the transactions waiting for it \
-                     are answered with an error (committed, but not known to be durable)"
-                );
+                syncs.stop(&format!("group {group}: {error}"));
             }
-            let told: Synced = synced.map_err(|error| (group, Arc::new(error)));
+            // NOTE: read after the fsync: a failure heard elsewhere meanwhile (the
+            // checkpointer's, a `COMMIT`'s) fails this group too.
+            let told: Synced = match lock(&syncs.state).stopped.clone() {
+                Some(why) => Err(why),
+                None => Ok(()),
+            };
             for waiter in self.batch.drain(..) {
                 let _ = waiter.send(told.clone());
             }
@@ -307,39 +407,59 @@ impl<D: Driver> Drop for Running<D> {
         let waiting = {
             let mut state = lock(&self.syncs.state);
             state.running = false;
+            state.in_flight = 0;
             std::mem::take(&mut state.waiting)
         };
-        // The senders dropped: their transactions sync for themselves.
+        // The senders dropped: their transactions are told the fsync never ran.
         drop(waiting);
         self.batch.clear();
     }
 }
 
 /// A committed transaction's wait for its fsync.
-pub(super) struct Pending {
+pub(super) struct Pending<D: Driver> {
     told: oneshot::Receiver<Synced>,
-    wal: Arc<Path>,
+    syncs: Arc<Syncs<D>>,
 }
 
-impl Pending {
-    /// Once the transaction is durable: `Ok`, or the fsync's error. Not bounded by a deadline
-    /// (a `COMMIT` under way is not): an fsync that runs or starts at once. With no task left
-    /// to run it (the runtime shutting down), it syncs on this thread.
+impl<D: Driver> Pending<D> {
+    /// Once the transaction is durable: `Ok`, or why not. Not bounded by a deadline (a
+    /// `COMMIT` under way is not): an fsync that runs or starts at once. With no task left to
+    /// run it (no runtime, or one shutting down), it syncs the WAL's descriptor on this thread.
     pub(super) async fn durable(self) -> Result<(), GroupCommitFailed> {
-        let told = match self.told.await {
-            Ok(told) => told.map_err(|(group, error)| (format!("group {group}: "), error)),
-            Err(_) => {
-                super::driver::sync_now(&self.wal).map_err(|error| (String::new(), Arc::new(error)))
-            }
+        let Pending { told, syncs } = self;
+        let why: Arc<str> = match told.await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(why)) => why,
+            Err(_) => match Self::sync_here(&syncs) {
+                Ok(()) => return Ok(()),
+                Err(why) => why,
+            },
         };
-        told.map_err(|(group, error)| {
-            GroupCommitFailed::new(
-                None,
-                format!(
-                    "{group}the fsync of the WAL ({}) failed: {error}",
-                    self.wal.display()
-                ),
-            )
+        Err(GroupCommitFailed::new(
+            None,
+            format!("the WAL ({}): {why}", syncs.path.display()),
+        ))
+    }
+
+    /// The sync task is gone: the descriptor synced here, unless group commit stopped.
+    fn sync_here(syncs: &Syncs<D>) -> Result<(), Arc<str>> {
+        let wal = {
+            let state = lock(&syncs.state);
+            if let Some(why) = &state.stopped {
+                return Err(Arc::clone(why));
+            }
+            state.wal.clone()
+        };
+        let synced = match wal {
+            Some(wal) => wal.sync(),
+            None => Err(SyncError::Moved(
+                "its descriptor could not be opened with the writer connection".to_owned(),
+            )),
+        };
+        synced.map_err(|error| {
+            syncs.stop(&error.to_string());
+            lock(&syncs.state).stopped.clone().expect("stopped")
         })
     }
 }

@@ -113,9 +113,47 @@
 //! from its `COMMIT`, up to one fsync before its writer is answered. A power loss in that
 //! window loses rows a reader may have seen, never one whose writer was told it committed (the
 //! WAL is appended in commit order, so no later transaction is durable without an earlier
-//! one). A process crash loses nothing. An fsync that fails fails the `commit()`s waiting for
-//! it with [`GroupCommitFailed`] (not retryable: committed, not known durable) and an ERROR
-//! event.
+//! one). A process crash loses nothing.
+//!
+//! **The fsync, as careful as SQLite's.** The WAL is synced through one read-write descriptor
+//! opened with the writer connection and kept for its life, as SQLite keeps its own: it hears
+//! every writeback error from then on (Linux tells a failed writeback once to each descriptor
+//! open at the time, so a descriptor opened for one fsync could miss an error another heard
+//! first), and it can be flushed on Windows (`FlushFileBuffers` needs write access). Before an
+//! fsync is trusted, the descriptor is checked to be the file at the WAL's path (device and
+//! inode; volume and file index on Windows): a WAL gone, renamed with its directory or
+//! replaced is not what recovery reads after a power loss, so its commits are never answered
+//! `Ok` through it. The WAL's directory is synced once, as SQLite does on its handle's first
+//! sync (so the WAL's own directory entry survives a power loss).
+//!
+//! **When the disk refuses a write.** After any error syncing the WAL (the shared fsync; a
+//! background checkpoint or a `COMMIT` on the writer connection failing with `SQLITE_IOERR`),
+//! nothing more is acknowledged through the shared fsync: on Linux the pages whose writeback
+//! failed are clean in the page cache and never written again, and recovery stops at the first
+//! bad frame of the WAL, so every transaction after it could be lost on a power loss however
+//! many later fsyncs succeed (PostgreSQL's "fsyncgate"). So the `commit()`s waiting, and any
+//! that committed while sharing, fail with [`GroupCommitFailed`] (not retryable, never
+//! replayed: committed, not known durable; the layer answers `500`), group commit turns itself
+//! off for that pool (each `COMMIT` is SQLite's own again, which reports errors its own way),
+//! an ERROR event says so once, and [`WriteStats::sync_errors`] and the
+//! `tower_sqlite_retry_write_sync_errors_total` counter count it (`ops/` has the alert). What
+//! an operator does then, as PostgreSQL asks after a failed fsync: check the disk (kernel log,
+//! SMART, free space), then restart the process, which opens the database afresh and lets
+//! SQLite recover the WAL. Group commit stays off for that pool until then.
+//!
+//! **A bound on commits waiting for one fsync.** At most 512 committed transactions wait
+//! unanswered for the shared fsync (those it runs for and those queued for the next): past
+//! that, a transaction begins at the pool's own level and its `COMMIT` fsyncs in the turn, as
+//! without groups, so a disk that stalls holds writers back instead of letting every one of
+//! them commit (visible to readers) without an answer, for clients to time out on and retry.
+//! The bound is far above what a working disk gathers: BENCHMARKS.md has the largest group
+//! measured under 256 writers.
+//!
+//! **Two things SQLite does that group commit does not.** With `psow=0` (a device whose
+//! sector writes may damage the bytes around them), SQLite pads a syncing commit's frames to
+//! a sector boundary; commits that share the fsync run at `NORMAL` and are not padded: on
+//! such a device, turn group commit off. And SQLite at `FULL` syncs the WAL's directory once
+//! per handle; the crate does too (above), and ignores its result as SQLite does.
 //!
 //! Where there is no fsync to share it changes nothing: at `NORMAL` or `OFF`, in a
 //! rollback-journal mode, with `writer(WriterConnection::FromPool)`, in memory; nor for a transaction that
@@ -128,8 +166,12 @@
 //! no longer copies the WAL into the database when it crosses `wal_autocheckpoint` (1,000
 //! pages by default), which stalled every writer behind it: a connection of the `WritePool`'s
 //! own runs `PRAGMA wal_checkpoint(PASSIVE)` in the background on SQLite's schedule (about
-//! that many pages apart), and the writer connection's own automatic checkpoint stays as a
-//! backstop at 10,000 pages. A writer alone (its `COMMIT` syncs anyway) checkpoints as SQLite
+//! that many pages apart), then once more in the turn, between two transactions, where it
+//! catches up on the few frames appended meanwhile, so that the next writer restarts the WAL
+//! from its start and the file stays near `wal_autocheckpoint` (a passive checkpoint alone
+//! never catches up while writers append: the WAL then grew to the backstop). A reader still
+//! reading old frames delays the restart until it ends. The writer connection's own automatic
+//! checkpoint stays as a backstop at 10,000 pages. A writer alone (its `COMMIT` syncs anyway) checkpoints as SQLite
 //! does. Measured with `wrk`, 64 writers at `FULL`: 1.37× the writes
 //! (2,011 → 2,749 a second, median of seven interleaved rounds), 0.83× the CPU per write. A
 //! connection configured with `wal_autocheckpoint = 0` (the application checkpoints) or above
@@ -146,8 +188,10 @@
 //! hook refuses each such commit (SQLite rolls the statement back:
 //! `SQLITE_CONSTRAINT_COMMITHOOK`, and an ERROR event says why), and the transaction's
 //! `commit()` fails with `InvalidArgument` saying what happened: nothing of the transaction is
-//! in the file. A commit hook the application sets on the writer connection replaces this one
-//! for that connection.
+//! in the file. A commit hook a handler sets on its transaction's connection (through
+//! `lock_handle()`) decides that transaction's commit, and ends with it: the guard is set again
+//! after a `COMMIT` that did not ask it, a failed `COMMIT`, and a rollback, so no later
+//! transaction meets the handler's hook.
 //!
 //! # In-memory databases
 //!
@@ -448,6 +492,7 @@ mod transaction;
 mod turn;
 #[cfg(test)]
 mod turn_tests;
+mod wal;
 mod wrappers;
 
 #[cfg(feature = "sqlite-write")]

@@ -197,11 +197,16 @@ impl<D: Driver> Shared<D> {
                         // lower level, or with another journal, there is none to share).
                         let syncs = (self.group.is_some() && wal && synchronous >= 2)
                             .then(|| Syncs::new(&file, Arc::clone(&queue), synchronous));
+                        if let Some(syncs) = &syncs {
+                            // The WAL's descriptor, opened with the writer connection (SQLite
+                            // made the WAL for the read just above).
+                            syncs.attach();
+                        }
                         // Checkpoints off the turn where the fsync is shared (measured: a gain
                         // there, a loss where each `COMMIT` syncs in the turn; `checkpoint.rs`).
-                        let checkpoints = match syncs {
-                            Some(_) => {
-                                Checkpoints::take_over(&mut conn, opener, queue.database()).await?
+                        let checkpoints = match &syncs {
+                            Some(syncs) => {
+                                Checkpoints::take_over(&mut conn, opener, Arc::clone(syncs)).await?
                             }
                             None => None,
                         };
@@ -257,8 +262,10 @@ impl<D: Driver> Shared<D> {
         }
         let mut conn = D::detach(D::acquire(opener).await?);
         if let Some(syncs) = &target.syncs {
-            // A new writer connection, at the pool's `synchronous`.
-            syncs.opened();
+            // A new writer connection, at the pool's `synchronous`, and the WAL's descriptor
+            // opened with it (once it read the database: SQLite opens the WAL then).
+            D::durability(&mut conn).await?;
+            syncs.attach();
         }
         if let Some(gate) = &target.gate {
             D::guard_commits(&mut conn, Arc::clone(gate)).await?;

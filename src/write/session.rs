@@ -104,6 +104,17 @@ impl<D: Driver> Session<D> {
         D::depth(conn) == 0
     }
 
+    /// The commit hook set again on the connection, if it has one (`gate.rs`): whether it
+    /// was (a connection whose hook could not be set is not clean).
+    pub(super) async fn guard_again(&mut self, gate: Option<&Arc<CommitGate>>) -> bool {
+        match gate {
+            Some(gate) => D::guard_commits(self.conn_mut(), Arc::clone(gate))
+                .await
+                .is_ok(),
+            None => true,
+        }
+    }
+
     /// The outcome is known: the connection goes back (if `clean` and at depth 0; given up
     /// otherwise), then the turn goes on.
     pub(super) fn settle(mut self, clean: bool) {
@@ -119,8 +130,12 @@ impl<D: Driver> Session<D> {
         // NOTE: the session moves into the task: a task that never runs, or is dropped midway,
         // drops it, which settles it as not clean.
         D::spawn(async move {
-            let settled =
-                async { D::ping(self.conn_mut()).await.is_ok() && self.roll_back_all().await };
+            let gate = self.gate().cloned();
+            let settled = async {
+                D::ping(self.conn_mut()).await.is_ok()
+                    && self.roll_back_all().await
+                    && self.guard_again(gate.as_ref()).await
+            };
             let clean = within(bound, settled).await == Some(true);
             self.settle(clean);
         });

@@ -38,6 +38,8 @@ pub(crate) struct TurnCounts {
     /// Group commit: fsyncs run, and the transactions they made durable.
     syncs: AtomicU64,
     synced: AtomicU64,
+    /// Group commit: syncs of the WAL that failed (at most one per pool: it then stops).
+    sync_errors: AtomicU64,
     /// Time the turn was held by the transactions that gave it back, in nanoseconds.
     busy: AtomicU64,
     /// When the current holder took the turn (nanoseconds since `BASE`, plus one), 0 if free.
@@ -57,6 +59,7 @@ impl TurnCounts {
             commits: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
             synced: AtomicU64::new(0),
+            sync_errors: AtomicU64::new(0),
             busy: AtomicU64::new(0),
             held_since: AtomicU64::new(0),
             next_warn: AtomicU64::new(0),
@@ -110,6 +113,11 @@ impl TurnCounts {
         self.synced
             .fetch_add(transactions as u64, Ordering::Relaxed);
         self.syncs.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Group commit stopped for a pool of this database: a sync of its WAL failed.
+    pub(crate) fn sync_failed(&self) {
+        self.sync_errors.fetch_add(1, Ordering::Relaxed);
     }
 
     /// After the turn went on: the metrics of a transaction that waited `waited` and held the
@@ -178,6 +186,7 @@ impl TurnCounts {
             commits: self.commits.load(Ordering::Relaxed),
             syncs: self.syncs.load(Ordering::Relaxed),
             synced: self.synced.load(Ordering::Relaxed),
+            sync_errors: self.sync_errors.load(Ordering::Relaxed),
             busy: Duration::from_nanos(self.busy.load(Ordering::Relaxed).saturating_add(current)),
             at,
         }
@@ -234,6 +243,11 @@ pub struct WriteStats {
     /// Group commit: the committed transactions those fsyncs made durable (`synced / syncs` is
     /// the mean group).
     pub synced: u64,
+    /// Group commit: syncs of the WAL that failed (the shared fsync, a checkpoint's, or a
+    /// `COMMIT`'s on the writer connection), since the queue was made. Each stopped group
+    /// commit for its pool: not 0 means the disk refused a write (see the write path's docs,
+    /// "When the disk refuses a write").
+    pub sync_errors: u64,
     /// The time the turn was held in all since the queue was made, the current holder's so far
     /// included.
     pub busy: Duration,
@@ -263,6 +277,7 @@ impl fmt::Debug for WriteStats {
             .field("commits", &self.commits)
             .field("syncs", &self.syncs)
             .field("synced", &self.synced)
+            .field("sync_errors", &self.sync_errors)
             .field("busy", &self.busy)
             .finish_non_exhaustive()
     }

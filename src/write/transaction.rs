@@ -252,7 +252,15 @@ impl<D: Driver> Transaction<D> {
             gate.open();
         }
         let committed = D::commit(session.conn_mut()).await;
-        let refused = gate.is_some_and(|gate| gate.close());
+        let closed = gate.as_ref().map(|gate| gate.close()).unwrap_or_default();
+        if let Err(error) = &committed
+            && D::is_io_error(error)
+            && let Some(syncs) = session.syncs()
+        {
+            // The disk refused a write of the WAL (a sync in the `COMMIT`, the backstop
+            // checkpoint's): what the shared fsync would make durable can no longer be told.
+            syncs.stop("a COMMIT on the writer connection failed with an I/O error (SQLITE_IOERR)");
+        }
         match committed {
             Ok(()) => {
                 if let Some(request) = session.turn().request() {
@@ -272,7 +280,14 @@ impl<D: Driver> Transaction<D> {
                 {
                     checkpoints.committed();
                 }
-                self.end(true);
+                if closed.unasked {
+                    // The handler replaced the commit hook: set again before anyone else
+                    // commits on this connection (`gate.rs`).
+                    let clean = self.session_mut().guard_again(gate.as_ref()).await;
+                    self.end(clean);
+                } else {
+                    self.end(true);
+                }
                 if depth != 0 {
                     return Err(D::invalid(format!(
                         "COMMIT left the connection at depth {depth}: it was closed"
@@ -296,9 +311,11 @@ impl<D: Driver> Transaction<D> {
                     State::Committing(session) => State::Open(session),
                     _ => unreachable!("commit owns the transaction"),
                 };
-                let clean = self.session_mut().roll_back_all().await;
+                let session = self.session_mut();
+                let clean =
+                    session.roll_back_all().await && session.guard_again(gate.as_ref()).await;
                 self.end(clean);
-                if refused {
+                if closed.refused {
                     return Err(D::invalid(ENDED_OUTSIDE.to_owned()));
                 }
                 Err(error)
@@ -310,7 +327,10 @@ impl<D: Driver> Transaction<D> {
     pub async fn rollback(mut self) -> Result<(), D::Error> {
         let session = self.session_mut();
         let rolled_back = D::rollback(session.conn_mut()).await;
-        let clean = rolled_back.is_ok() && session.roll_back_all().await;
+        let gate = session.gate().cloned();
+        let clean = rolled_back.is_ok()
+            && session.roll_back_all().await
+            && session.guard_again(gate.as_ref()).await;
         self.end(clean);
         rolled_back
     }

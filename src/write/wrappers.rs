@@ -187,6 +187,18 @@ macro_rules! __sqlx_driver {
                 matches!(error, ::sqlx_core::Error::Database(_))
             }
 
+            fn is_io_error(error: &::sqlx_core::Error) -> bool {
+                // SQLite's extended result code: its low byte is the primary code, 10
+                // `SQLITE_IOERR`.
+                match error {
+                    ::sqlx_core::Error::Database(error) => error
+                        .code()
+                        .and_then(|code| code.parse::<i32>().ok())
+                        .is_some_and(|code| code & 0xff == 10),
+                    _ => false,
+                }
+            }
+
             fn classify(error: &::sqlx_core::Error) -> ::std::option::Option<$crate::Retryable> {
                 $crate::classify(error)
             }

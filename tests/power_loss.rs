@@ -1,0 +1,883 @@
+//! Durability under a power loss, on a simulated disk with a volatile write cache.
+//!
+//! `tests/write_crash.rs` kills the process: what it wrote is the kernel's and survives. A power
+//! loss also drops what the kernel had not written back: only what an fsync made durable is
+//! left. The child processes here run under an `LD_PRELOAD` shim (`tests/power_loss/shim.c`,
+//! built with `cc` at run time; without one the tests print `SKIPPED:` and pass) that keeps,
+//! for every file of the database's directory, a "durable shadow" updated only by
+//! `fsync`/`fdatasync`. After the SIGKILL, the test copies each shadow over its file (a file
+//! without one is deleted, as is `-shm`) and opens the database afresh: SQLite recovers what a
+//! machine that lost power would have found.
+//!
+//! - `every_acknowledged_write_survives_power_loss_with_group_commit`: the write path with
+//!   group commit, at `FULL`, under 64 HTTP clients, killed at a random moment (seeded; the
+//!   seed is printed, `TSR_POWER_LOSS_SEED` replays it), several rounds on one file: every
+//!   write answered `201` before the kill is in the recovered file.
+//! - `control_normal_loses_acknowledged_writes`: the same flow at `NORMAL` (no fsync of the
+//!   WAL before a checkpoint), deterministic: acknowledged writes are lost. It proves the
+//!   simulator drops what was never synced.
+//! - Fault injection (the shim's `.ctl/` commands, Linux's errseq semantics for writeback
+//!   errors): a `commit()` waiting for a shared fsync is never `Ok` when the WAL's writeback
+//!   failed, even when another descriptor heard the error first, nor when its own fsync failed.
+//! - `a_wal_no_longer_at_its_path_is_not_synced` (no shim): a WAL whose directory was renamed
+//!   is not the file recovery reads; a commit waiting for its fsync is not `Ok`.
+//!
+//! The children are this test binary itself, run with `TSR_POWER_LOSS_CHILD` set: the tests
+//! `power_loss_child` and `fault_child` then do the child's part (without it they return).
+#![cfg(target_os = "linux")]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::OpenOptions;
+use std::io::{BufRead, BufReader, ErrorKind};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::StatusCode;
+use axum::routing::post;
+use common::poll_until;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use sqlx::SqlitePool;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer, WritePool};
+
+/// What the child does: `serve:<config>:<dir>` or `fault:<scenario>:<dir>`.
+const CHILD: &str = "TSR_POWER_LOSS_CHILD";
+/// The database's file name, in the shim's directory.
+const DB: &str = "db.sqlite";
+/// Kill rounds of the group commit test (each a fresh child on the same file).
+const ROUNDS: u32 = 6;
+/// Concurrent HTTP clients in the group commit test.
+const CLIENTS: i64 = 64;
+/// Requests per client and round, at most (each loop is bounded in count as well as time).
+const MAX_REQUESTS: i64 = 1_000_000;
+/// Writes of the control, one after the other (well under the 1,000-page autocheckpoint).
+const CONTROL_WRITES: i64 = 20;
+/// `EIO` on Linux.
+const EIO: i32 = 5;
+
+// ---------------------------------------------------------------------------------------------
+// The shim and the simulated disk
+// ---------------------------------------------------------------------------------------------
+
+/// The shim, built once per test process; `None` (after a `SKIPPED:` line) without a C compiler.
+fn shim(test: &str) -> Option<&'static Path> {
+    static SHIM: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match SHIM.get_or_init(build_shim) {
+        Ok(path) => Some(path),
+        Err(why) => {
+            eprintln!("SKIPPED: {test}: {why}");
+            None
+        }
+    }
+}
+
+fn build_shim() -> Result<PathBuf, String> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/power_loss/shim.c");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("power_loss");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    // Built under a name of this process's, then renamed: another test process may be loading
+    // the previous one.
+    let building = dir.join(format!("shim-{}.so", std::process::id()));
+    let out = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&building)
+        .arg(&source)
+        .args(["-ldl", "-lpthread"])
+        .output()
+        .map_err(|e| format!("no C compiler to build the power-loss shim (`cc`: {e})"))?;
+    if !out.status.success() {
+        let _ = std::fs::remove_file(&building);
+        return Err(format!(
+            "`cc` could not build the power-loss shim ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let shim = dir.join("shim.so");
+    std::fs::rename(&building, &shim).map_err(|e| format!("cannot rename the shim: {e}"))?;
+    Ok(shim)
+}
+
+/// A database directory the shim tracks (`TSR_SHIM_DIR`), and its durable shadows
+/// (`TSR_SHIM_DURABLE`): what each file holds after a power loss.
+struct Disk {
+    _root: tempfile::TempDir,
+    dir: PathBuf,
+    durable: PathBuf,
+}
+
+impl Disk {
+    fn new() -> Self {
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = root.path().join("db");
+        let durable = root.path().join("durable");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::create_dir(&durable).unwrap();
+        Self {
+            _root: root,
+            dir,
+            durable,
+        }
+    }
+
+    fn db(&self) -> PathBuf {
+        self.dir.join(DB)
+    }
+
+    /// The file names of both directories (`-shm` aside: it is rebuilt on recovery).
+    fn names(&self) -> BTreeSet<String> {
+        let mut names = BTreeSet::new();
+        for dir in [&self.dir, &self.durable] {
+            for entry in std::fs::read_dir(dir).unwrap() {
+                let entry = entry.unwrap();
+                if entry.file_type().unwrap().is_file() {
+                    let name = entry.file_name().into_string().unwrap();
+                    if !name.ends_with("-shm") {
+                        names.insert(name);
+                    }
+                }
+            }
+        }
+        names
+    }
+
+    /// The power loss, once the child is dead: every file becomes its shadow (no shadow: the
+    /// file is gone), `-shm` is deleted. Returns the names that had a shadow.
+    fn power_loss(&self) -> BTreeSet<String> {
+        let mut shadowed = BTreeSet::new();
+        for name in self.names() {
+            let shadow = self.durable.join(&name);
+            let real = self.dir.join(&name);
+            if shadow.exists() {
+                std::fs::copy(&shadow, &real).unwrap();
+                shadowed.insert(name);
+            } else if real.exists() {
+                std::fs::remove_file(&real).unwrap();
+            }
+        }
+        let shm = self.dir.join(format!("{DB}-shm"));
+        if shm.exists() {
+            std::fs::remove_file(shm).unwrap();
+        }
+        shadowed
+    }
+
+    /// What this process (not under the shim) did to the files is durable: every shadow
+    /// becomes its file (no file: no shadow).
+    fn settle(&self) {
+        for name in self.names() {
+            let shadow = self.durable.join(&name);
+            let real = self.dir.join(&name);
+            if real.exists() {
+                std::fs::copy(&real, &shadow).unwrap();
+            } else if shadow.exists() {
+                std::fs::remove_file(&shadow).unwrap();
+            }
+        }
+    }
+
+    /// The environment of a child under the shim.
+    fn shim_env(&self, command: &mut Command, shim: &Path, fsync_delay_us: u64) {
+        command
+            .env("LD_PRELOAD", shim)
+            .env("TSR_SHIM_DIR", &self.dir)
+            .env("TSR_SHIM_DURABLE", &self.durable)
+            .env("TSR_SHIM_FSYNC_DELAY_US", fsync_delay_us.to_string());
+    }
+}
+
+fn options(path: &Path, synchronous: SqliteSynchronous) -> SqliteConnectOptions {
+    SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(synchronous)
+        .busy_timeout(Duration::from_secs(5))
+}
+
+/// Creates the database and its table from this process, then makes it durable.
+async fn create(disk: &Disk) {
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options(&disk.db(), SqliteSynchronous::Full))
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS items (id INTEGER PRIMARY KEY, client_id INTEGER NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    disk.settle();
+}
+
+/// The database at `path` as a fresh process finds it (SQLite recovers it): client id → rows.
+async fn rows(path: &Path) -> BTreeMap<i64, i64> {
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options(path, SqliteSynchronous::Full))
+        .await
+        .unwrap();
+    let rows: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT client_id, COUNT(*) FROM items GROUP BY client_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    pool.close().await;
+    rows.into_iter().collect()
+}
+
+/// What a process crash alone (no power loss) would leave: the files as they are, recovered
+/// from a copy.
+async fn rows_after_a_crash(disk: &Disk) -> BTreeMap<i64, i64> {
+    let copy = tempfile::tempdir().unwrap();
+    for name in [DB.to_owned(), format!("{DB}-wal")] {
+        let real = disk.dir.join(&name);
+        if real.exists() {
+            std::fs::copy(&real, copy.path().join(&name)).unwrap();
+        }
+    }
+    rows(&copy.path().join(DB)).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// The serving child
+// ---------------------------------------------------------------------------------------------
+
+/// One write transaction: read, then insert the client's id.
+async fn write(
+    State(db): State<WritePool>,
+    UrlPath(id): UrlPath<i64>,
+) -> Result<StatusCode, DbError> {
+    let mut tx = db.begin().await?;
+    let _: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM items")
+        .fetch_one(&mut *tx)
+        .await?;
+    sqlx::query("INSERT INTO items (client_id) VALUES (?)")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(StatusCode::CREATED)
+}
+
+/// The serving child: `serve:<config>:<dir>`, until killed. A no-op as a normal test.
+#[test]
+fn power_loss_child() {
+    let Some(spec) = std::env::var(CHILD)
+        .ok()
+        .filter(|s| s.starts_with("serve:"))
+    else {
+        return;
+    };
+    let mut parts = spec.splitn(3, ':').skip(1);
+    let config = parts.next().expect("config").to_owned();
+    let dir = PathBuf::from(parts.next().expect("dir"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let (synchronous, group) = match config.as_str() {
+            // Group commit on (the default): the writer connection at NORMAL while the fsync is
+            // shared, the shared fsync being the crate's own.
+            "group-full" => (SqliteSynchronous::Full, true),
+            // Every COMMIT on its own, at NORMAL: nothing syncs the WAL before a checkpoint.
+            "alone-normal" => (SqliteSynchronous::Normal, false),
+            other => panic!("unknown config {other}"),
+        };
+        let pool = SqlitePoolOptions::new()
+            .max_connections(8)
+            .connect_with(options(&dir.join(DB), synchronous))
+            .await
+            .unwrap();
+        let writes = WritePool::new(pool);
+        let writes = if group {
+            writes
+        } else {
+            writes.group_commit(None)
+        };
+        let router = Router::new()
+            .route("/items/{id}", post(write))
+            .layer(SqliteRetryLayer::new(RetryPolicy::default()))
+            .with_state(writes);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        println!("listening {}", listener.local_addr().unwrap());
+        axum::serve(listener, router).await.unwrap();
+    });
+}
+
+struct ChildServer {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl ChildServer {
+    // The child is killed and waited for by `wait` (and on the failure paths below).
+    #[allow(clippy::zombie_processes)]
+    fn start(config: &str, disk: &Disk, shim: &Path, fsync_delay_us: u64) -> Self {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .args([
+                "power_loss_child",
+                "--exact",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(CHILD, format!("serve:{config}:{}", disk.dir.display()))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        disk.shim_env(&mut command, shim, fsync_delay_us);
+        let mut child = command.spawn().expect("spawn the child server");
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Reads the address, then drains the child's stdout until it dies.
+        std::thread::spawn(move || {
+            for line in out.lines() {
+                let Ok(line) = line else { break };
+                // The harness writes `test power_loss_child ... ` before it, on the same line.
+                if let Some((_, addr)) = line.trim().split_once("listening ") {
+                    let _ = tx.send(addr.parse::<SocketAddr>().unwrap());
+                }
+            }
+        });
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(addr) => Self { child, addr },
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the child server did not listen within 60 s (or exited)");
+            }
+        }
+    }
+
+    /// SIGKILL: no destructor, no graceful shutdown, nothing flushed.
+    fn kill(&mut self) {
+        self.child.kill().unwrap();
+    }
+
+    fn wait(mut self) {
+        self.child.wait().unwrap();
+    }
+}
+
+/// What the clients of one round saw. `killed` is set, under the lock, just before the
+/// SIGKILL is sent (with the lock held): an acknowledgement recorded is one received before.
+#[derive(Default)]
+struct Book {
+    killed: bool,
+    sent: BTreeSet<i64>,
+    acked: BTreeSet<i64>,
+    refused: Vec<(i64, StatusCode)>,
+}
+
+/// `clients` HTTP clients writing unique ids (from `base`) as fast as answered, until `stop`.
+fn spawn_clients(
+    addr: SocketAddr,
+    clients: i64,
+    base: i64,
+    book: &Arc<Mutex<Book>>,
+    stop: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..clients)
+        .map(|c| {
+            let (book, stop) = (book.clone(), stop.clone());
+            let client: Client<HttpConnector, Body> =
+                Client::builder(TokioExecutor::new()).build_http();
+            tokio::spawn(async move {
+                for n in 0..MAX_REQUESTS {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let id = base + c * MAX_REQUESTS + n;
+                    book.lock().unwrap().sent.insert(id);
+                    let request = http::Request::post(format!("http://{addr}/items/{id}"))
+                        .body(Body::empty())
+                        .unwrap();
+                    // A request cut by the kill has no answer: it may or may not be there.
+                    let reply =
+                        tokio::time::timeout(Duration::from_secs(5), client.request(request));
+                    match reply.await {
+                        Ok(Ok(reply)) => {
+                            let mut book = book.lock().unwrap();
+                            if reply.status() == StatusCode::CREATED {
+                                if !book.killed {
+                                    book.acked.insert(id);
+                                }
+                            } else {
+                                book.refused.push((id, reply.status()));
+                            }
+                        }
+                        Ok(Err(_)) | Err(_) => break,
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+fn seed() -> u64 {
+    std::env::var("TSR_POWER_LOSS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            now.as_secs() ^ u64::from(now.subsec_nanos())
+        })
+}
+
+/// Group commit at `FULL`, 64 clients, SIGKILL and power loss at a random moment, several
+/// rounds on one file: every write acknowledged before the kill is in the recovered file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acknowledged_write_survives_power_loss_with_group_commit() {
+    let test = "every_acknowledged_write_survives_power_loss_with_group_commit";
+    let Some(shim) = shim(test) else { return };
+    let seed = seed();
+    eprintln!("{test}: seed {seed} (TSR_POWER_LOSS_SEED={seed} replays the kill times)");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let disk = Disk::new();
+    create(&disk).await;
+
+    let (mut total_acked, mut total_rows, mut wal_shadows) = (0, 0, 0);
+    for round in 0..ROUNDS {
+        // A slower disk every other round: bigger groups.
+        let fsync_delay_us = if round % 2 == 0 { 0 } else { 1000 };
+        let mut server = ChildServer::start("group-full", &disk, shim, fsync_delay_us);
+        let book = Arc::new(Mutex::new(Book::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let base = i64::from(round + 1) * 1_000 * MAX_REQUESTS;
+        let clients = spawn_clients(server.addr, CLIENTS, base, &book, &stop);
+
+        let delay = Duration::from_millis(rng.u64(200..=1500));
+        tokio::time::sleep(delay).await;
+        {
+            let mut book = book.lock().unwrap();
+            book.killed = true;
+            server.kill();
+        }
+        stop.store(true, Ordering::Relaxed);
+        server.wait();
+        let joined =
+            tokio::time::timeout(Duration::from_secs(60), futures::future::join_all(clients));
+        for client in joined
+            .await
+            .expect("the clients stop within 60 s of the kill")
+        {
+            client.unwrap();
+        }
+
+        let crashed = rows_after_a_crash(&disk).await;
+        let shadowed = disk.power_loss();
+        let recovered = rows(&disk.db()).await;
+        disk.settle();
+
+        let book = book.lock().unwrap();
+        assert!(
+            book.refused.is_empty(),
+            "round {round}: refused writes: {:?}",
+            book.refused
+        );
+        let lost: Vec<_> = book
+            .acked
+            .iter()
+            .filter(|id| !recovered.contains_key(id))
+            .collect();
+        let doubled: Vec<_> = recovered.iter().filter(|(_, n)| **n > 1).collect();
+        let unacked = book.sent.difference(&book.acked);
+        let (mut inflight_kept, mut inflight_lost) = (0, 0);
+        for id in unacked {
+            if recovered.contains_key(id) {
+                inflight_kept += 1;
+            } else {
+                inflight_lost += 1;
+            }
+        }
+        let round_rows = recovered.keys().filter(|id| **id >= base).count();
+        let crash_rows = crashed.keys().filter(|id| **id >= base).count();
+        let beyond_crash: Vec<_> = recovered
+            .keys()
+            .filter(|id| !crashed.contains_key(id))
+            .collect();
+        eprintln!(
+            "round {round} (fsync delay {fsync_delay_us} us, kill after {} ms): {} acknowledged, \
+             {} of them lost; {} rows of the round after the power loss ({} after a mere crash: \
+             {} committed rows lost to the power loss); unacknowledged writes: {inflight_kept} \
+             kept, {inflight_lost} lost; shadows: {shadowed:?}",
+            delay.as_millis(),
+            book.acked.len(),
+            lost.len(),
+            round_rows,
+            crash_rows,
+            crash_rows - round_rows.min(crash_rows),
+        );
+        assert!(
+            lost.is_empty(),
+            "round {round}: acknowledged with 201 before the kill, lost in the power loss: {} \
+             (first: {:?})",
+            lost.len(),
+            lost.iter().take(10).collect::<Vec<_>>()
+        );
+        assert!(
+            doubled.is_empty(),
+            "round {round}: in the file twice: {doubled:?}"
+        );
+        assert!(
+            beyond_crash.is_empty(),
+            "round {round}: the simulator is broken: rows after the power loss that a crash \
+             would not keep: {beyond_crash:?}"
+        );
+        if shadowed.contains(&format!("{DB}-wal")) {
+            wal_shadows += 1;
+        }
+        total_acked += book.acked.len();
+        total_rows = recovered.len();
+    }
+    eprintln!(
+        "{test}: {total_acked} writes acknowledged in {ROUNDS} rounds, none lost; {total_rows} \
+         rows in the file; the WAL had a durable shadow at {wal_shadows} of the power losses"
+    );
+    assert!(
+        total_acked > 0,
+        "the server acknowledged writes between kills"
+    );
+    // The shim did something: the WAL was synced through it (a shim that did nothing would
+    // leave no shadow, and the database would be gone after the power loss).
+    assert!(total_rows > 0, "rows survived the power losses");
+    assert!(
+        wal_shadows > 0,
+        "the WAL was synced through the shim in some round"
+    );
+}
+
+/// The control: at `NORMAL` with group commit off, nothing syncs the WAL before a checkpoint;
+/// writes acknowledged one after the other, then SIGKILL and power loss: they are lost (all of
+/// them, expectedly). Fails if the shim stopped dropping what was never synced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_normal_loses_acknowledged_writes() {
+    let test = "control_normal_loses_acknowledged_writes";
+    let Some(shim) = shim(test) else { return };
+    let disk = Disk::new();
+    create(&disk).await;
+    let mut server = ChildServer::start("alone-normal", &disk, shim, 0);
+    let client: Client<HttpConnector, Body> = Client::builder(TokioExecutor::new()).build_http();
+    let mut acked = BTreeSet::new();
+    for id in 1..=CONTROL_WRITES {
+        let request = http::Request::post(format!("http://{}/items/{id}", server.addr))
+            .body(Body::empty())
+            .unwrap();
+        let reply = tokio::time::timeout(Duration::from_secs(30), client.request(request))
+            .await
+            .expect("answered within 30 s")
+            .expect("answered");
+        assert_eq!(reply.status(), StatusCode::CREATED, "write {id}");
+        acked.insert(id);
+    }
+    server.kill();
+    server.wait();
+
+    let crashed = rows_after_a_crash(&disk).await;
+    let shadowed = disk.power_loss();
+    let recovered = rows(&disk.db()).await;
+    let lost: Vec<_> = acked
+        .iter()
+        .filter(|id| !recovered.contains_key(id))
+        .collect();
+    eprintln!(
+        "{test}: {} acknowledged at NORMAL; after a mere crash {} are in the file; after the \
+         power loss {} are lost; shadows: {shadowed:?}",
+        acked.len(),
+        acked.iter().filter(|id| crashed.contains_key(id)).count(),
+        lost.len()
+    );
+    assert!(
+        acked.iter().all(|id| crashed.contains_key(id)),
+        "a process crash loses nothing: every acknowledged write is in the files"
+    );
+    assert!(
+        !lost.is_empty(),
+        "the simulated power loss lost no acknowledged write at synchronous = NORMAL: the shim \
+         does not drop unsynced writes"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fault injection: the child runs a scenario under the shim and fails (non-zero) if it fails
+// ---------------------------------------------------------------------------------------------
+
+/// Runs `scenario` in a child under the shim; `Err` with its output if it failed.
+fn run_fault_child(scenario: &str, shim: &Path) -> Result<String, String> {
+    let disk = Disk::new();
+    let out_path = disk.durable.parent().unwrap().join("child.out");
+    let out = std::fs::File::create(&out_path).unwrap();
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args([
+            "fault_child",
+            "--exact",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(CHILD, format!("fault:{scenario}:{}", disk.dir.display()))
+        .stdout(out.try_clone().unwrap())
+        .stderr(out);
+    disk.shim_env(&mut command, shim, 0);
+    let mut child = command.spawn().expect("spawn the child");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if started.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let output = std::fs::read_to_string(&out_path).unwrap_or_default();
+    match status {
+        Some(status) if status.success() => Ok(output),
+        Some(status) => Err(format!("the child exited {status}:\n{output}")),
+        None => Err(format!("the child did not finish within 120 s:\n{output}")),
+    }
+}
+
+/// The child side: `fault:<scenario>:<dir>`. A no-op as a normal test.
+#[test]
+fn fault_child() {
+    let Some(spec) = std::env::var(CHILD)
+        .ok()
+        .filter(|s| s.starts_with("fault:"))
+    else {
+        return;
+    };
+    let mut parts = spec.splitn(3, ':').skip(1);
+    let scenario = parts.next().expect("scenario").to_owned();
+    let dir = PathBuf::from(parts.next().expect("dir"));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        match scenario.as_str() {
+            "heard-elsewhere" => heard_elsewhere(&dir).await,
+            "failed-fsync" => failed_fsync(&dir).await,
+            other => panic!("unknown scenario {other}"),
+        }
+    });
+}
+
+/// A pool at `FULL` on `dir/db.sqlite`, its write path (group commit on) after a first write,
+/// with the shared fsync held.
+async fn held_write_pool(dir: &Path) -> (SqlitePool, WritePool) {
+    let pool = SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(options(&dir.join(DB), SqliteSynchronous::Full))
+        .await
+        .unwrap();
+    sqlx::query("CREATE TABLE IF NOT EXISTS items (id INTEGER PRIMARY KEY, name TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let writes = WritePool::new(pool.clone());
+    transaction(&writes, "first")
+        .await
+        .expect("the first write transaction");
+    assert!(
+        writes.hold_fsync(true),
+        "the write path shares the WAL's fsync (WAL, FULL, group commit on)"
+    );
+    (pool, writes)
+}
+
+/// One write transaction inserting `name`: `Ok`, or the step that failed and why.
+async fn transaction(writes: &WritePool, name: &str) -> Result<(), String> {
+    let mut tx = writes.begin().await.map_err(|e| format!("begin: {e}"))?;
+    sqlx::query("INSERT INTO items (name) VALUES (?)")
+        .bind(name)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| format!("insert: {e}"))?;
+    tx.commit().await.map_err(|e| format!("commit: {e}"))
+}
+
+/// Begins, inserts `name` and commits in a task; returns once the `COMMIT` went through (the
+/// row is visible) and the commit waits for the shared fsync (the turn was given back).
+async fn commit_in_background(
+    writes: &WritePool,
+    pool: &SqlitePool,
+    name: &str,
+) -> tokio::task::JoinHandle<Result<(), sqlx::Error>> {
+    let given_back = writes.stats().map_or(0, |s| s.transactions);
+    let mut tx = writes.begin().await.unwrap();
+    sqlx::query("INSERT INTO items (name) VALUES (?)")
+        .bind(name)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let commit = tokio::spawn(tx.commit());
+    let name = name.to_owned();
+    poll_until(format!("{name}'s COMMIT went through"), async || {
+        let names: Vec<String> = sqlx::query_scalar("SELECT name FROM items")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+        names.contains(&name)
+    })
+    .await;
+    poll_until(format!("{name}'s turn given back"), async || {
+        writes.stats().is_some_and(|s| s.transactions > given_back)
+    })
+    .await;
+    commit
+}
+
+/// Runs a shim command (`.ctl/<command>`): the open fails with `NotFound` once it ran.
+fn shim_command(dir: &Path, command: &str) {
+    let error = std::fs::File::open(dir.join(".ctl").join(command)).expect_err("a shim command");
+    assert_eq!(
+        error.kind(),
+        ErrorKind::NotFound,
+        "the shim ran `{command}` ({error}; InvalidInput: unknown command, other: no such file)"
+    );
+}
+
+/// Whether an error says it is the disk's or the fsync's.
+fn names_the_disk(error: &str) -> bool {
+    let error = error.to_lowercase();
+    error.contains("disk") || error.contains("fsync")
+}
+
+/// Scenario a: a writeback error of the WAL that another descriptor hears first. Linux reports
+/// it to that descriptor, and once more to each descriptor open when it happened; a descriptor
+/// opened after it was heard never sees it. `t1`, committed before the error and waiting for
+/// the shared fsync, must not be acknowledged.
+async fn heard_elsewhere(dir: &Path) {
+    let (pool, writes) = held_write_pool(dir).await;
+    let t1 = commit_in_background(&writes, &pool, "t1").await;
+    assert!(!t1.is_finished(), "t1 acknowledged before any fsync (held)");
+
+    shim_command(dir, &format!("writeback-error:{DB}-wal"));
+    let wal = dir.join(format!("{DB}-wal"));
+    let other = OpenOptions::new().write(true).open(&wal).unwrap();
+    let heard = other
+        .sync_data()
+        .expect_err("the other descriptor hears the writeback error");
+    assert_eq!(heard.raw_os_error(), Some(EIO), "{heard}");
+    println!("fault: another descriptor heard the WAL's writeback error first: {heard}");
+
+    writes.hold_fsync(false);
+    let t1 = t1.await.unwrap();
+    println!("fault: t1 (committed before the error, waited for the shared fsync): {t1:?}");
+    let error = t1.expect_err(
+        "t1 acknowledged as durable although the WAL's writeback failed after its COMMIT",
+    );
+    assert!(
+        names_the_disk(&error.to_string()),
+        "t1's error names the disk or the fsync: {error}"
+    );
+
+    let t2 = transaction(&writes, "t2").await;
+    println!("fault: t2 (begun after the error): {t2:?}");
+    let t3 = transaction(&writes, "t3").await;
+    println!("fault: t3 (after t2): {t3:?}");
+    println!("fault: stats: {:?}", writes.stats());
+}
+
+/// Scenario b: the shared fsync itself fails. Both transactions that committed while it was
+/// held waited for it: neither is acknowledged.
+async fn failed_fsync(dir: &Path) {
+    let (pool, writes) = held_write_pool(dir).await;
+    let t1 = commit_in_background(&writes, &pool, "t1").await;
+    let t2 = commit_in_background(&writes, &pool, "t2").await;
+    assert!(
+        !t1.is_finished() && !t2.is_finished(),
+        "acknowledged before any fsync (held)"
+    );
+
+    shim_command(dir, &format!("fail-next-fsync:{DB}-wal"));
+    writes.hold_fsync(false);
+    let (t1, t2) = (t1.await.unwrap(), t2.await.unwrap());
+    println!("fault: t1 (waited for the failed fsync): {t1:?}");
+    println!("fault: t2 (waited for the same fsync): {t2:?}");
+    let e1 = t1.expect_err("t1 acknowledged although the fsync it waited for failed");
+    let e2 = t2.expect_err("t2 acknowledged although the fsync it waited for failed");
+    for error in [e1, e2] {
+        assert!(
+            names_the_disk(&error.to_string()),
+            "the error names the disk or the fsync: {error}"
+        );
+    }
+
+    let t3 = transaction(&writes, "t3").await;
+    println!("fault: t3 (begun after the failure): {t3:?}");
+    let t4 = transaction(&writes, "t4").await;
+    println!("fault: t4 (after t3): {t4:?}");
+    println!("fault: stats: {:?}", writes.stats());
+}
+
+fn fault_test(test: &str, scenario: &str) {
+    let Some(shim) = shim(test) else { return };
+    match run_fault_child(scenario, shim) {
+        Ok(output) => {
+            for line in output.lines().filter(|l| l.starts_with("fault:")) {
+                eprintln!("{test}: {line}");
+            }
+        }
+        Err(why) => panic!("{test}: {why}"),
+    }
+}
+
+/// Scenario a (see `heard_elsewhere`).
+#[test]
+fn a_writeback_error_heard_first_by_another_descriptor_is_not_acknowledged() {
+    fault_test(
+        "a_writeback_error_heard_first_by_another_descriptor_is_not_acknowledged",
+        "heard-elsewhere",
+    );
+}
+
+/// Scenario b (see `failed_fsync`).
+#[test]
+fn after_a_failed_fsync_later_commits_are_not_acknowledged_by_group_commit() {
+    fault_test(
+        "after_a_failed_fsync_later_commits_are_not_acknowledged_by_group_commit",
+        "failed-fsync",
+    );
+}
+
+/// Scenario c, no shim: the database's directory renamed while a commit waits for the shared
+/// fsync. The WAL at the path recovery reads is no longer the one written: syncing whatever
+/// descriptor is at hand makes nothing durable there, so the commit is not `Ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wal_no_longer_at_its_path_is_not_synced() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("db");
+    std::fs::create_dir(&dir).unwrap();
+    let (pool, writes) = held_write_pool(&dir).await;
+    let t1 = commit_in_background(&writes, &pool, "t1").await;
+    assert!(!t1.is_finished(), "t1 acknowledged before any fsync (held)");
+
+    std::fs::rename(&dir, root.path().join("db-moved")).unwrap();
+    writes.hold_fsync(false);
+    let t1 = t1.await.unwrap();
+    eprintln!("a_wal_no_longer_at_its_path_is_not_synced: t1: {t1:?}");
+    t1.expect_err("t1 acknowledged as durable although its WAL is no longer at its path");
+}
