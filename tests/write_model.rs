@@ -38,6 +38,10 @@
 //!   cancelled while it waits for the fsync is fenced; one fsync in eight fails, and its
 //!   waiters' `commit()`s fail, their rows committed and fenced, never `Ok`; no transaction
 //!   is ever left waiting (shuttle fails a schedule in which every task waits);
+//! - a handler that sets its own commit hook on its transaction's connection (then commits or
+//!   rolls back, or is cancelled anywhere in its commit or rollback) leaves the writer
+//!   connection with the write path's gate again, which never refuses the write path's own
+//!   `COMMIT`;
 //! - afterwards, the next transaction (a savepoint dropped in it, then a row) commits with
 //!   exactly its row, every connection left is at depth 0 with nothing armed, and the
 //!   database's lock is free.
@@ -274,6 +278,16 @@ struct ConnState {
     writer: AtomicBool,
     /// `PRAGMA wal_autocheckpoint`: the database's threshold (one page), until set.
     autocheckpoint: AtomicU32,
+    /// A handler's own commit hook is the connection's (it replaced the write path's gate).
+    handler_hook: AtomicBool,
+}
+
+/// A connection's commit hook.
+enum Hook {
+    /// The write path's (`gate.rs`).
+    Gate(Arc<gate::CommitGate>),
+    /// One a handler set through the connection (`lock_handle()`): lets every commit through.
+    Handler,
 }
 
 type Answer = (Result<(), ModelError>, oneshot::Sender<()>);
@@ -289,6 +303,8 @@ enum Command {
     Ping(oneshot::Sender<()>),
     /// `PRAGMA synchronous`: `true` for `FULL` (a `COMMIT` is durable when it returns).
     Synchronous(bool, oneshot::Sender<()>),
+    /// `set_commit_hook`.
+    Hook(Hook, oneshot::Sender<()>),
 }
 
 /// A connection: the sending end of its worker's commands.
@@ -337,6 +353,7 @@ fn worker(db: Arc<Db>, state: Arc<ConnState>, commands: shuttle::sync::mpsc::Rec
     let mut ignore_next_start_rollback = false;
     // A connection opens at the database's level: `FULL` (sqlx's default) or `NORMAL`.
     let mut full = !db.normal;
+    let mut hook: Option<Hook> = None;
     let unlock = |db: &Db| {
         let mut lock = db.lock.lock().unwrap();
         if *lock == Some(state.id) {
@@ -396,6 +413,11 @@ fn worker(db: Arc<Db>, state: Arc<ConnState>, commands: shuttle::sync::mpsc::Rec
                                 if full { "FULL" } else { "NORMAL" }
                             );
                         }
+                        // The commit hook: the gate admits only the write path's own `COMMIT`,
+                        // and every level-1 commit here is one.
+                        if let Some(Hook::Gate(gate)) = &hook {
+                            assert!(gate.admits(), "the gate refused the write path's COMMIT");
+                        }
                         let rows = levels.pop().unwrap();
                         let mut committed = db.committed.lock().unwrap();
                         committed.extend(rows);
@@ -446,6 +468,13 @@ fn worker(db: Arc<Db>, state: Arc<ConnState>, commands: shuttle::sync::mpsc::Rec
                 full = level;
                 let _ = done.send(());
             }
+            Command::Hook(set, done) => {
+                state
+                    .handler_hook
+                    .store(matches!(set, Hook::Handler), Ordering::SeqCst);
+                hook = Some(set);
+                let _ = done.send(());
+            }
         }
         state
             .armed
@@ -471,6 +500,7 @@ impl Db {
             closed: AtomicBool::new(false),
             writer: AtomicBool::new(false),
             autocheckpoint: AtomicU32::new(1),
+            handler_hook: AtomicBool::new(false),
         });
         connections.push(Arc::clone(&state));
         let (commands, receiver) = shuttle::sync::mpsc::channel();
@@ -492,6 +522,15 @@ async fn acknowledged(
     let (value, read) = answered.await.map_err(|_| ModelError::WorkerCrashed)?;
     let _ = read.send(());
     value
+}
+
+/// Sets the connection's commit hook (an await of its own: cancellable).
+async fn set_hook(conn: &mut Conn, set: Hook) -> Result<(), ModelError> {
+    let (done, finished) = oneshot::channel();
+    conn.commands
+        .send(Command::Hook(set, done))
+        .map_err(|_| ModelError::WorkerCrashed)?;
+    finished.await.map_err(|_| ModelError::WorkerCrashed)
 }
 
 async fn insert(conn: &mut Conn, row: u32) {
@@ -673,6 +712,14 @@ impl Driver for Model {
         ModelError::Group(failure.to_string())
     }
 
+    async fn guard_commits(
+        conn: &mut Conn,
+        gate: Arc<gate::CommitGate>,
+    ) -> Result<bool, ModelError> {
+        set_hook(conn, Hook::Gate(gate)).await?;
+        Ok(true)
+    }
+
     fn spawn(task: impl Future<Output = ()> + Send + 'static) {
         let task = shuttle::future::spawn(task);
         match CURRENT.with(|current| current.borrow().clone()) {
@@ -765,11 +812,14 @@ enum Script {
     /// A savepoint whose commit is cancelled and which is then forgotten (`mem::forget`): a
     /// skip may be left armed on the connection, for the next `begin` to clear.
     ForgottenSavepoint(usize),
+    /// The handler sets its own commit hook on the transaction's connection, then commits
+    /// (`false`) or rolls back (`true`): the write path's gate must be back after either.
+    HandlerHook(bool),
 }
 
 fn pick() -> Script {
     let polls = thread_rng().gen_range(0..5);
-    match thread_rng().gen_range(0..10) {
+    match thread_rng().gen_range(0..11) {
         0 => Script::Commit,
         1 => Script::CommitAfterDroppedSavepoint,
         2 => Script::ReturnEarly,
@@ -779,6 +829,7 @@ fn pick() -> Script {
         6 => Script::CancelBegin(polls),
         7 => Script::CancelCommit(polls),
         8 => Script::CancelRollback(polls),
+        9 => Script::HandlerHook(thread_rng().gen_bool(0.5)),
         _ => Script::ForgottenSavepoint(polls),
     }
 }
@@ -929,6 +980,19 @@ async fn run(script: Script, writes: &WritePool<Model>, r: u32) -> Vec<(u32, Fat
             };
             fates.push((row(0), fate));
             fates.push((row(1), if committed { Fate::Either } else { Fate::Gone }));
+        }
+        Script::HandlerHook(roll_back) => {
+            let mut tx = begin(writes).await;
+            set_hook(&mut tx, Hook::Handler)
+                .await
+                .expect("set_commit_hook");
+            insert(&mut tx, row(0)).await;
+            if roll_back {
+                tx.rollback().await.expect("rollback");
+                fates.push((row(0), Fate::Gone));
+            } else {
+                fates.push((row(0), must_commit(tx.commit().await, row(0))));
+            }
         }
         Script::CancelRollback(polls) => {
             let mut tx = begin(writes).await;
@@ -1092,6 +1156,12 @@ fn scenario(old_protocol: bool) {
             assert!(
                 !conn.armed.load(Ordering::SeqCst),
                 "{scripts:?}: a connection left with a rollback skip armed"
+            );
+            // The writer connection's commit hook is the write path's gate again, however
+            // a transaction whose handler set its own ended.
+            assert!(
+                !(conn.writer.load(Ordering::SeqCst) && conn.handler_hook.load(Ordering::SeqCst)),
+                "{scripts:?}: a handler's commit hook outlived its transaction"
             );
         }
     }
