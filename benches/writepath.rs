@@ -443,8 +443,11 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
     let rt = builder.enable_all().build().expect("runtime");
     let turn_stats = args.turn_stats.clone();
     // As production runs: an INFO `fmt()` subscriber (to the server's log).
+    // `TSR_BENCH_FILTER` (an `EnvFilter`, e.g. `info,tower_sqlite_retry=debug`) instead, to
+    // read the write path's DEBUG events (the checkpoints, the shared fsyncs) in a run.
+    let filter = std::env::var("TSR_BENCH_FILTER").unwrap_or_else(|_| "info".to_owned());
     let _ = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
         .try_init();
     let seed_count = args.seed;

@@ -97,20 +97,26 @@ async fn while_the_fsync_is_shared_checkpoints_run_in_the_background() {
     assert_eq!(shared_autocheckpoint(&writes).await, 10_000);
 
     let (events, _guard) = capture_events();
-    // Past 1,000 shared commits (the first checkpoint assumes one page each), the
-    // checkpointer runs.
+    // The first checkpoint assumes 16 pages a commit, so it comes after 63 commits and
+    // measures; the next after about a threshold's worth (1,000 one-page commits).
     concurrent_commits(&writes, 8, 150).await;
-    poll_until("a checkpoint ran in the background", async || {
-        !events.with_message(EVENT).is_empty()
+    poll_until("two checkpoints ran in the background", async || {
+        events.with_message(EVENT).len() >= 2
     })
     .await;
-    let checkpoint = &events.with_message(EVENT)[0];
-    let frames: u64 = checkpoint["db.write.wal_frames"].parse().unwrap();
-    let done: u64 = checkpoint["db.write.checkpointed"].parse().unwrap();
-    assert!(frames >= 1_000, "{checkpoint:?}");
+    let checkpoints = events.with_message(EVENT);
+    let first = &checkpoints[0];
+    let field = |c: &common::EventFields, name: &str| -> u64 { c[name].parse().unwrap() };
+    assert!(field(first, "db.write.commits") >= 63, "{first:?}");
+    assert!(field(first, "db.write.wal_frames") >= 63, "{first:?}");
     assert!(
-        done > 0,
-        "it copied the WAL into the database: {checkpoint:?}"
+        field(first, "db.write.checkpointed") > 0,
+        "it copied the WAL into the database: {first:?}"
+    );
+    let second = &checkpoints[1];
+    assert!(
+        field(second, "db.write.commits") >= 500,
+        "measured, not back to back: {second:?}"
     );
 
     let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM items")
@@ -156,8 +162,10 @@ async fn under_steady_load_the_wal_restarts_near_its_threshold() {
     );
     let checkpoints = events.with_message(EVENT);
     assert!(
-        checkpoints.iter().any(|c| c["db.write.in_turn"] == "true"),
-        "a checkpoint caught up in the turn: {checkpoints:?}"
+        checkpoints
+            .iter()
+            .any(|c| c["db.write.in_turn"] == "true" && c["db.write.restarted"] == "true"),
+        "a checkpoint caught up in the turn and restarted the WAL: {checkpoints:?}"
     );
     // Not back to back: about one per threshold's worth of commits (8,000 commits of a page
     // or more: at most 8 or so).

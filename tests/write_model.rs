@@ -609,14 +609,15 @@ impl Driver for Model {
         Ok(())
     }
 
-    async fn checkpoint(pool: &Pool) -> Result<(u64, u64), ModelError> {
-        let db = &pool.0;
+    async fn checkpoint(conn: &mut Conn, _restart: bool) -> Result<(bool, u64, u64), ModelError> {
+        let db = CURRENT.with(|current| current.borrow().clone().expect("a schedule runs"));
+        assert!(!conn.state.dropped.load(Ordering::SeqCst));
         let before = db.checkpointing.fetch_add(1, Ordering::SeqCst);
         assert_eq!(before, 0, "two background checkpoints at once");
         // A checkpoint takes time: commits (and their checkpoint requests) happen meanwhile.
         shuttle::future::yield_now().await;
         db.checkpointing.fetch_sub(1, Ordering::SeqCst);
-        Ok((1, 1))
+        Ok((true, 1, 1))
     }
 
     async fn set_synchronous(conn: &mut Conn, level: u8) -> Result<(), ModelError> {

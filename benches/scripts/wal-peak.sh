@@ -36,4 +36,6 @@ page=$(python3 -c "import sqlite3,sys; print(sqlite3.connect(sys.argv[1]).execut
 stop_server "$dir"
 frames=$(( (peak - 32) / (page + 24) ))
 echo "config $config sync $sync writers $conns duration ${duration}s: WAL peak $peak bytes = $frames frames of $page bytes; writes/s $(rps "$out/wrk.txt"), non-2xx $(sed -n 's/^ *Non-2xx or 3xx responses: *\([0-9]*\).*/\1/p' "$out/wrk.txt")" | tee "$out/summary.txt"
+# The checkpointer's DEBUG events, when TSR_BENCH_FILTER asked for them.
+grep "checkpoint of the WAL" "$dir/server.log" | sed 's/\x1b\[[0-9;]*m//g' | grep -o "db.write.*" > "$out/checkpoints.txt" || true
 rm -rf "$dir"

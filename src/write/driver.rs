@@ -26,8 +26,18 @@ pub const AUTOCHECKPOINT_SQL: &str = "PRAGMA wal_autocheckpoint";
 /// only, the background checkpointer does the rest (see `checkpoint.rs`).
 pub(crate) const BACKSTOP_PAGES: u32 = 10_000;
 
-/// The statement [`Driver::checkpoint`] runs.
+/// The statement [`Driver::checkpoint`] runs off the turn: copies what it can, waits for
+/// nobody.
 pub const CHECKPOINT_SQL: &str = "PRAGMA wal_checkpoint(PASSIVE)";
+
+/// The statement [`Driver::checkpoint`] runs in the turn: copies the rest, waits (up to
+/// [`CHECKPOINTER_BUSY_SQL`]'s bound) for readers of the WAL's frames, and restarts the WAL.
+pub const RESTART_SQL: &str = "PRAGMA wal_checkpoint(RESTART)";
+
+/// Run once on the checkpointer's own connection: a `RESTART` checkpoint, which runs in the
+/// turn, waits at most this long for a reader (a longer one keeps the WAL from restarting
+/// until the next checkpoint, instead of holding every writer back).
+pub const CHECKPOINTER_BUSY_SQL: &str = "PRAGMA busy_timeout = 5";
 
 /// The statement [`Driver::set_synchronous`] runs for `level` (0 `OFF` … 3 `EXTRA`).
 pub fn synchronous_pragma(level: u8) -> &'static str {
@@ -111,13 +121,22 @@ pub trait Driver: Send + Sync + Sized + 'static {
         let _ = (conn, pages);
         async { Ok(()) }
     }
-    /// [`CHECKPOINT_SQL`] on a connection of `pool`: the frames in the WAL, and how many of
-    /// them are checkpointed, after it.
-    fn checkpoint(
+    /// The checkpointer's own connection, from `pool` (the writer connection's opener), no
+    /// longer the pool's, with [`CHECKPOINTER_BUSY_SQL`] run on it.
+    fn checkpointer(
         pool: &Self::Pool,
-    ) -> impl Future<Output = Result<(u64, u64), Self::Error>> + Send {
-        let _ = pool;
-        async { Ok((0, 0)) }
+    ) -> impl Future<Output = Result<Self::Connection, Self::Error>> + Send {
+        async { Ok(Self::detach(Self::acquire(pool).await?)) }
+    }
+    /// [`CHECKPOINT_SQL`] (or [`RESTART_SQL`]) on the checkpointer's connection: whether it
+    /// completed (not stopped by a lock: a `RESTART` that completed restarted the WAL), the
+    /// frames in the WAL, and how many of them are checkpointed.
+    fn checkpoint(
+        conn: &mut Self::Connection,
+        restart: bool,
+    ) -> impl Future<Output = Result<(bool, u64, u64), Self::Error>> + Send {
+        let _ = (conn, restart);
+        async { Ok((true, 0, 0)) }
     }
     /// Installs `gate` as the connection's commit hook (see `gate.rs`): `Ok(false)` when the
     /// driver has no commit hook to set (sqlx 0.8).

@@ -112,14 +112,29 @@ macro_rules! __sqlx_driver {
                 Ok(u32::try_from(pages).ok())
             }
 
-            async fn checkpoint(
+            async fn checkpointer(
                 pool: &::sqlx_sqlite::SqlitePool,
-            ) -> ::std::result::Result<(u64, u64), ::sqlx_core::Error> {
-                let (_busy, log, done): (i64, i64, i64) =
-                    ::sqlx_core::query_as::query_as($crate::write::shared::CHECKPOINT_SQL)
-                        .fetch_one(pool)
-                        .await?;
+            ) -> ::std::result::Result<::sqlx_sqlite::SqliteConnection, ::sqlx_core::Error> {
+                let mut conn = Self::detach(Self::acquire(pool).await?);
+                ::sqlx_core::query::query($crate::write::shared::CHECKPOINTER_BUSY_SQL)
+                    .execute(&mut conn)
+                    .await?;
+                Ok(conn)
+            }
+
+            async fn checkpoint(
+                conn: &mut ::sqlx_sqlite::SqliteConnection,
+                restart: bool,
+            ) -> ::std::result::Result<(bool, u64, u64), ::sqlx_core::Error> {
+                let sql = if restart {
+                    $crate::write::shared::RESTART_SQL
+                } else {
+                    $crate::write::shared::CHECKPOINT_SQL
+                };
+                let (busy, log, done): (i64, i64, i64) =
+                    ::sqlx_core::query_as::query_as(sql).fetch_one(conn).await?;
                 Ok((
+                    busy == 0,
                     u64::try_from(log).unwrap_or(0),
                     u64::try_from(done).unwrap_or(0),
                 ))
