@@ -284,7 +284,8 @@ impl<D: Driver> Syncs<D> {
     /// writer connection): nothing is acknowledged through the shared fsync from now on. Every
     /// transaction waiting is told `why`, later ones too; transactions begin at the pool's own
     /// level (each `COMMIT` SQLite's own); an ERROR event and the counter say so, once.
-    pub(super) fn stop(&self, why: &str) {
+    /// Returns what the waiters are told.
+    pub(super) fn stop(&self, why: &str) -> Arc<str> {
         let (first, waiting, stopped) = {
             let mut state = lock(&self.state);
             let first = state.stopped.is_none();
@@ -309,6 +310,7 @@ impl<D: Driver> Syncs<D> {
                 self.path.display()
             );
         }
+        stopped
     }
 
     /// Starts the task that runs fsyncs until nobody waits (the caller set `running`).
@@ -339,6 +341,12 @@ impl<D: Driver> Syncs<D> {
     }
 }
 
+/// A sync with no descriptor to sync through (the writer connection's could not be opened):
+/// never "synced".
+fn no_descriptor() -> SyncError {
+    SyncError::Moved("its descriptor could not be opened with the writer connection".to_owned())
+}
+
 /// The sync task: its hold on `running` and on the waiters it took. Dropped before it ended
 /// (the runtime shutting down), it lets go of both: the waiters sync for themselves.
 struct Running<D: Driver> {
@@ -367,9 +375,7 @@ impl<D: Driver> Running<D> {
             let started = Instant::now();
             let synced = match wal {
                 Some(wal) => D::sync_wal(wal).await,
-                None => Err(SyncError::Moved(
-                    "its descriptor could not be opened with the writer connection".to_owned(),
-                )),
+                None => Err(no_descriptor()),
             };
             let took = started.elapsed();
             let members = self.batch.len();
@@ -453,13 +459,8 @@ impl<D: Driver> Pending<D> {
         };
         let synced = match wal {
             Some(wal) => wal.sync(),
-            None => Err(SyncError::Moved(
-                "its descriptor could not be opened with the writer connection".to_owned(),
-            )),
+            None => Err(no_descriptor()),
         };
-        synced.map_err(|error| {
-            syncs.stop(&error.to_string());
-            lock(&syncs.state).stopped.clone().expect("stopped")
-        })
+        synced.map_err(|error| syncs.stop(&error.to_string()))
     }
 }
