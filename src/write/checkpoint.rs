@@ -212,12 +212,15 @@ impl<D: Driver> Running<D> {
         let mut left = frames;
         let mut restarted = false;
         let mut in_turn = false;
+        let mut turn_us = 0;
         // 2. In the turn: caught up and restarted. Even when the first step caught up: a
         // writer in its transaction meanwhile appends after it.
         if let Some(turn) = this.syncs.queue().take(None, None, || None).await {
             in_turn = true;
+            let taken = Instant::now();
             let restarted_now = D::checkpoint(&mut conn, true).await;
             drop(turn);
+            turn_us = u64::try_from(taken.elapsed().as_micros()).unwrap_or(u64::MAX);
             match restarted_now {
                 Ok((completed, frames, _)) => {
                     restarted = completed;
@@ -234,6 +237,7 @@ impl<D: Driver> Running<D> {
             db.write.checkpointed = done,
             db.write.in_turn = in_turn,
             db.write.restarted = restarted,
+            db.write.turn_us = turn_us,
             db.write.commits = commits,
             db.write.checkpoint_us =
                 u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
