@@ -43,7 +43,7 @@ use axum::body::Body;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::StatusCode;
 use axum::routing::post;
-use common::poll_until;
+use common::commit_in_background;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -716,37 +716,6 @@ async fn transaction(writes: &WritePool, name: &str) -> Result<(), String> {
         .await
         .map_err(|e| format!("insert: {e}"))?;
     tx.commit().await.map_err(|e| format!("commit: {e}"))
-}
-
-/// Begins, inserts `name` and commits in a task; returns once the `COMMIT` went through (the
-/// row is visible) and the commit waits for the shared fsync (the turn was given back).
-async fn commit_in_background(
-    writes: &WritePool,
-    pool: &SqlitePool,
-    name: &str,
-) -> tokio::task::JoinHandle<Result<(), sqlx::Error>> {
-    let given_back = writes.stats().map_or(0, |s| s.transactions);
-    let mut tx = writes.begin().await.unwrap();
-    sqlx::query("INSERT INTO items (name) VALUES (?)")
-        .bind(name)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    let commit = tokio::spawn(tx.commit());
-    let name = name.to_owned();
-    poll_until(format!("{name}'s COMMIT went through"), async || {
-        let names: Vec<String> = sqlx::query_scalar("SELECT name FROM items")
-            .fetch_all(pool)
-            .await
-            .unwrap();
-        names.contains(&name)
-    })
-    .await;
-    poll_until(format!("{name}'s turn given back"), async || {
-        writes.stats().is_some_and(|s| s.transactions > given_back)
-    })
-    .await;
-    commit
 }
 
 /// Runs a shim command (`.ctl/<command>`): the open fails with `NotFound` once it ran.

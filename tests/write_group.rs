@@ -23,7 +23,7 @@ use axum::Router;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::StatusCode;
 use axum::routing::post;
-use common::{HttpClient, TestDb, poll_until, serve};
+use common::{HttpClient, TestDb, commit_in_background, poll_until, serve};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{SqliteConnection, SqlitePool};
 use tokio::sync::{Mutex as AsyncMutex, mpsc};
@@ -81,32 +81,6 @@ async fn warm(writes: &WritePool, name: &str) {
     let mut tx = writes.begin().await.unwrap();
     insert(&mut tx, name).await.unwrap();
     tx.commit().await.unwrap();
-}
-
-/// Begins, inserts `name`, and commits in a task of its own; returns once the `COMMIT` went
-/// through (the row is in the file) and the transaction gave its turn back (which it does
-/// after it joined the wait for the shared fsync, if it shares one), with the task, which may
-/// still wait for its fsync.
-async fn commit_in_background(
-    writes: &WritePool,
-    pool: &SqlitePool,
-    name: &str,
-) -> tokio::task::JoinHandle<Result<(), sqlx::Error>> {
-    let given_back = writes.stats().map_or(0, |s| s.transactions);
-    let mut tx = writes.begin().await.unwrap();
-    insert(&mut tx, name).await.unwrap();
-    let commit = tokio::spawn(tx.commit());
-    poll_until(format!("{name}'s COMMIT went through"), async || {
-        names(pool, "items").await.contains(&name.to_owned())
-    })
-    .await;
-    // The row can be in the file before the commit joined the fsync's waiters: the turn comes
-    // back only after it did.
-    poll_until(format!("{name}'s turn given back"), async || {
-        writes.stats().is_some_and(|s| s.transactions > given_back)
-    })
-    .await;
-    commit
 }
 
 async fn synchronous_in_a_transaction(writes: &WritePool) -> i64 {

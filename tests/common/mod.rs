@@ -463,6 +463,40 @@ async fn sweep_stale_tables<DB: sqlx::Database>(
     }
 }
 
+/// Begins on `writes`, inserts `name` into `items (name)`, and commits in a task of its own;
+/// returns once the `COMMIT` went through (the row is in the file, read through `pool`) and the
+/// transaction gave its turn back (which it does after it joined the wait for the shared
+/// fsync, if it shares one), with the task, which may still wait for its fsync.
+pub async fn commit_in_background(
+    writes: &tower_sqlite_retry::WritePool,
+    pool: &sqlx::SqlitePool,
+    name: &str,
+) -> tokio::task::JoinHandle<Result<(), sqlx::Error>> {
+    let given_back = writes.stats().map_or(0, |s| s.transactions);
+    let mut tx = writes.begin().await.unwrap();
+    sqlx::query("INSERT INTO items (name) VALUES (?)")
+        .bind(name)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let commit = tokio::spawn(tx.commit());
+    poll_until(format!("{name}'s COMMIT went through"), async || {
+        let names: Vec<String> = sqlx::query_scalar("SELECT name FROM items")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+        names.iter().any(|n| n == name)
+    })
+    .await;
+    // The row can be in the file before the commit joined the fsync's waiters: the turn comes
+    // back only after it did.
+    poll_until(format!("{name}'s turn given back"), async || {
+        writes.stats().is_some_and(|s| s.transactions > given_back)
+    })
+    .await;
+    commit
+}
+
 /// Polls `check` every 2 ms until it holds (a condition, not a guess at timing); panics with
 /// `what` after 30 s.
 pub async fn poll_until(what: impl std::fmt::Display, mut check: impl AsyncFnMut() -> bool) {
