@@ -22,6 +22,10 @@
 //! synced once (on Unix; its result ignored, as SQLite ignores it: some file systems refuse an
 //! fsync of a directory), so that the WAL's directory entry survives a power loss too.
 //!
+//! On macOS std's `sync_data` is `fcntl(F_FULLFSYNC)`, which flushes the drive's own cache:
+//! stricter than SQLite's default there (a plain `fsync`, unless `PRAGMA fullfsync = ON`), and
+//! slower (not measured here: no macOS machine).
+//!
 //! What this does not do: `psow=0` (a file system whose sector writes may tear the bytes around
 //! them) makes SQLite pad a syncing commit's frames to a sector boundary; commits whose fsync
 //! is shared run at `NORMAL` and are not padded. The write path's docs say to turn group commit
