@@ -25,8 +25,8 @@
 //! | `immediate` | no layer, `begin_with("BEGIN IMMEDIATE")`: **the reference** |
 //! | `two-pool` | no layer, `BEGIN IMMEDIATE` on a writer pool of 1, reads on the pool |
 //! | `layer` | `SqliteRetryLayer` (default policy), the handler unchanged (deferred) |
-//! | `layer-write` | `SqliteRetryLayer` (default policy) and the write path (`WritePool`, its writer connection) without group commit (`group_commit(None)`) |
-//! | `layer-write-shared` | the same with `writer_connection(false)`: writes take the pool's connections (the write path before it had a writer connection) |
+//! | `layer-write` | `SqliteRetryLayer` (default policy) and the write path (`WritePool`, its writer connection) without group commit (`group_commit(false)`) |
+//! | `layer-write-shared` | the same with `writer(WriterConnection::FromPool)`: writes take the pool's connections (the write path before it had a writer connection) |
 //! | `layer-write-group` | the write path as `WritePool::new` makes it: group commit on (the default) |
 //! | `layer-write-read-limit` | `layer-write` (no groups) with a read limit (`ReadLimit`) of one read per core while writers wait |
 //! | `layer-write-group-read-limit` | `layer-write-group` with the same read limit |
@@ -77,7 +77,6 @@ use serde::{Deserialize, Serialize};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 use tokio::net::TcpStream;
-use tower_sqlite_retry::write::GroupCommit;
 use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer, WritePool, WriteTransaction};
 
 #[path = "common/chart.rs"]
@@ -95,11 +94,11 @@ enum Config {
     TwoPool,
     Layer,
     LayerWrite,
-    /// The write path with no writer connection of its own (`writer_connection(false)`): write
+    /// The write path with no writer connection of its own (`writer(WriterConnection::FromPool)`): write
     /// transactions take the application pool's connections (the write path before it had a
     /// writer connection).
     LayerWriteShared,
-    /// The write path with group commit (`GroupCommit::default()`).
+    /// The write path with group commit (`group_commit(true)`, the default).
     LayerWriteGroup,
     /// `layer-write` with a read limit of one read per core while writers wait
     /// (`SqliteRetryLayer::limit_reads_while_writers_wait`).
@@ -470,16 +469,15 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
                 write: open_pool(path, 1).await?,
             },
             Config::LayerWrite | Config::LayerWriteReadLimit => {
-                Db::Write(WritePool::new(open_pool(path, pool_size).await?).group_commit(None))
+                Db::Write(WritePool::new(open_pool(path, pool_size).await?).group_commit(false))
             }
-            Config::LayerWriteGroup | Config::LayerWriteGroupReadLimit => Db::Write(
-                WritePool::new(open_pool(path, pool_size).await?)
-                    .group_commit(Some(GroupCommit::default())),
-            ),
+            Config::LayerWriteGroup | Config::LayerWriteGroupReadLimit => {
+                Db::Write(WritePool::new(open_pool(path, pool_size).await?).group_commit(true))
+            }
             Config::LayerWriteShared => Db::Write(
                 WritePool::new(open_pool(path, pool_size).await?)
                     .writer(tower_sqlite_retry::write::WriterConnection::FromPool)
-                    .group_commit(None),
+                    .group_commit(false),
             ),
         };
         let writes = match &db {
@@ -504,7 +502,7 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
         ) {
             // The read limit is the layer's default: the configurations without one turn it
             // off, those with one set it as the default does (one read per core).
-            let mut layer = SqliteRetryLayer::new(RetryPolicy::default()).without_read_limit();
+            let mut layer = SqliteRetryLayer::new(RetryPolicy::default()).no_read_limit();
             if matches!(
                 config,
                 Config::LayerWriteReadLimit | Config::LayerWriteGroupReadLimit

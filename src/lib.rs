@@ -56,7 +56,7 @@
 //! and insert the [`Retryable`] it returns into your response's extensions, or let
 //! [`tag_retryable`] find the driver's error in your error's `source()` chain. A plain tower
 //! service whose `Error` is not `Infallible` has its errors classified instead
-//! ([`SqliteRetryLayer::classify_errors`], [`classify::DriverErrors`]).
+//! ([`SqliteRetryLayer::classify_errors`], [`classify::RetryDriverErrors`]).
 //!
 //! # When is a replay safe?
 //!
@@ -96,8 +96,7 @@
 //! - The write path ([`write`](mod@write)): `WritePool` and `WriteTransaction` (feature `sqlite-write`),
 //!   and the turn on its own for other drivers.
 //!
-//! `docs/semver.md` in the repository says what 1.0 will freeze; items that moved keep their
-//! old root path, hidden and deprecated, for one release.
+//! `docs/semver.md` in the repository says what 1.0 will freeze.
 //!
 //! # Cargo features
 //!
@@ -111,7 +110,6 @@
 //! | `mysql` | MySQL/MariaDB error numbers, in whichever sqlx versions are on |
 //! | `metrics` | metrics through the [`metrics`](https://docs.rs/metrics) facade |
 //! | `sqlite-write` | the write path for sqlx 0.9 and SQLite ([`WritePool`](write/index.html)): the transaction queues for its turn per database file, begins `IMMEDIATE` and fences the request at commit; no SQLite library chosen |
-//! | `sqlite` | deprecated alias of `sqlx` |
 //!
 //! # Semver and dependencies
 //!
@@ -137,8 +135,6 @@ mod attempt;
 pub mod body;
 pub mod classify;
 mod decide;
-mod deprecated;
-mod error;
 pub mod future;
 pub mod metrics;
 pub mod policy;
@@ -153,22 +149,33 @@ mod shared;
 pub mod write;
 
 // What a user writes in the README's examples, and the types its signatures need; the rest is
-// under its module (`policy`, `metrics`, `classify`, `write`, `body`, `future`). The old
-// root paths of moved items are kept, hidden and deprecated, for one release (`deprecated`).
+// under its module (`policy`, `metrics`, `classify`, `write`, `body`, `future`).
 pub use attempt::{Attempt, in_request};
+pub use classify::db_error::DbError;
 pub use classify::{
-    ClassifyError, DriverError, NeverRetryErrors, Retryable, classify, classify_error_chain,
-    tag_retryable,
+    ClassifyError, DriverError, NeverRetryErrors, Retryable, classify_error_chain, tag_retryable,
 };
-#[allow(deprecated)]
-#[doc(hidden)]
-pub use deprecated::*;
-pub use error::DbError;
 pub use metrics::RetryMetrics;
 pub use policy::{Jitter, RetryPolicy};
 pub use service::{SqliteRetry, SqliteRetryLayer};
 #[cfg(feature = "sqlite-write")]
 pub use write::{WritePool, WriteTransaction};
+
+/// Not a public API: what the companion crate `tower-sqlite-retry-sqlx08` (which pins this
+/// crate's exact version) builds sqlx 0.8's `WritePool` on, and the test seams of this crate's
+/// own tests. Anything here may change in any release; `docs/semver.md` says so.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::write::shared::*;
+
+    /// While `held`, group commit starts no fsync: transactions commit, then wait for it.
+    /// `false` if the pool shares no fsync (group commit off, not WAL, not `FULL`, or before
+    /// its first write transaction).
+    #[cfg(feature = "sqlite-write")]
+    pub fn hold_fsync(pool: &crate::WritePool, held: bool) -> bool {
+        pool.hold_fsync(held)
+    }
+}
 
 // The README's Rust blocks run as doctests (they are axum handlers on sqlx 0.9: with the
 // `sqlx` and `axum` features); the README itself is for people (and a forge).

@@ -76,7 +76,6 @@ pub enum Jitter {
 /// | `replay_gate` | 1 | replays (attempt ≥ 2) pass a shared semaphore one at a time: SQLite has one writer ([`no_replay_gate`](RetryPolicy::no_replay_gate) lifts it) |
 /// | `budget` | none | the replay gate already bounds how many replays run at once (see [`RetryPolicy::budget`]) |
 /// | `admission` | [`Admission::Adaptive`] | a route that fails retryably gets a learned limit on its attempts in flight; routes that never do are never queued |
-/// | `read_limit`, `read_wait` | none, 10 ms | deprecated: the read limit is the layer's ([`ReadLimit`], [`SqliteRetryLayer::limit_reads_while_writers_wait`](crate::SqliteRetryLayer::limit_reads_while_writers_wait)) |
 /// | `replay_event_level` | DEBUG | the per-replay event; giving up is logged at WARN/ERROR whatever this says |
 ///
 /// The contention benchmarks chose these values (8 to 1,024 clients running deferred
@@ -95,8 +94,6 @@ pub struct RetryPolicy {
     pub(crate) budget: Option<Arc<dyn Budget + Send + Sync>>,
     pub(crate) replay_event_level: tracing::Level,
     pub(crate) admission: Admission,
-    pub(crate) read_limit: Option<NonZeroUsize>,
-    pub(crate) read_wait: Duration,
 }
 
 impl fmt::Debug for RetryPolicy {
@@ -113,8 +110,6 @@ impl fmt::Debug for RetryPolicy {
             .field("budget", &self.budget.as_ref().map(|_| "<budget>"))
             .field("replay_event_level", &self.replay_event_level)
             .field("admission", &self.admission)
-            .field("read_limit", &self.read_limit)
-            .field("read_wait", &self.read_wait)
             .finish()
     }
 }
@@ -133,8 +128,6 @@ impl Default for RetryPolicy {
             budget: None,
             replay_event_level: tracing::Level::DEBUG,
             admission: Admission::Adaptive,
-            read_limit: None,
-            read_wait: Duration::from_millis(10),
         }
     }
 }
@@ -375,29 +368,6 @@ impl RetryPolicy {
         self
     }
 
-    /// Deprecated: the read limit is the layer's, not the retry policy's: use
-    /// [`SqliteRetryLayer::limit_reads_while_writers_wait`](crate::SqliteRetryLayer::limit_reads_while_writers_wait)
-    /// with a [`ReadLimit`]. A limit set here still applies, unless the layer is given one.
-    #[deprecated(
-        since = "0.1.0",
-        note = "use `SqliteRetryLayer::limit_reads_while_writers_wait(ReadLimit::new(reads))`"
-    )]
-    pub fn read_limit(mut self, reads: Option<NonZeroUsize>) -> Self {
-        self.read_limit = reads;
-        self
-    }
-
-    /// Deprecated: the longest a read waits for the read limit is [`ReadLimit::max_wait`],
-    /// given to [`SqliteRetryLayer::limit_reads_while_writers_wait`](crate::SqliteRetryLayer::limit_reads_while_writers_wait).
-    #[deprecated(
-        since = "0.1.0",
-        note = "use `SqliteRetryLayer::limit_reads_while_writers_wait(ReadLimit::new(reads).max_wait(most))`"
-    )]
-    pub fn read_wait(mut self, most: Duration) -> Self {
-        self.read_wait = most;
-        self
-    }
-
     /// Checks the policy, saying what is wrong with it.
     ///
     /// ```
@@ -431,9 +401,6 @@ impl RetryPolicy {
             )
         } else if self.replay_gate == Some(0) {
             "replay_gate is 0: no replay could ever pass; use no_replay_gate() for no gate"
-                .to_string()
-        } else if self.read_wait.is_zero() && self.read_limit.is_some() {
-            "read_wait is zero: a read held back would never wait for the read limit; use read_limit(None) for no limit"
                 .to_string()
         } else {
             return Ok(());
@@ -518,13 +485,10 @@ fn uniform(rng: &mut fastrand::Rng, lo: Duration, hi: Duration) -> Duration {
 /// for writes while writers queue.
 ///
 /// **On by default** ([`ReadLimit::default`]: one read per core, each waiting at most 10 ms);
-/// [`SqliteRetryLayer::without_read_limit`](crate::SqliteRetryLayer::without_read_limit) turns
-/// it off. Why: with group commit (the write path's default), 64 writers and 16 readers on two
-/// cores at `synchronous = FULL`, measured with `wrk` in its own process against `BEGIN
-/// IMMEDIATE` on a pool of 8 (`BENCHMARKS.md`): without the limit the write path's writes were
-/// 0.88×, 1.60× and 1.91× in three runs (reads 18.6×, 24.3×, 31.9×); with it 1.00×, 2.29× and
-/// 2.33× (reads 12.4×, 14.2× and more). It costs nothing where no writer waits for a turn: a
-/// service without the write path never meets it.
+/// [`SqliteRetryLayer::no_read_limit`](crate::SqliteRetryLayer::no_read_limit) turns
+/// it off. Why: with group commit (the write path's default) and readers beside the writers,
+/// the limit kept more of the writes (`BENCHMARKS.md` has the measurement). It costs nothing
+/// where no writer waits for a turn: a service without the write path never meets it.
 ///
 /// - Reads are never held back while no writer waits: a read-mostly service is not slowed,
 ///   nor is any service without the write path (PostgreSQL, MySQL, a plain pool): the limit
@@ -547,8 +511,6 @@ fn uniform(rng: &mut fastrand::Rng, lo: Duration, hi: Duration) -> Duration {
 ///
 /// // two reads at a time while writers wait, each waiting at most 5 ms for its place
 /// let limit = ReadLimit::new(NonZeroUsize::new(2).unwrap()).max_wait(Duration::from_millis(5));
-/// assert_eq!(limit.reads().get(), 2);
-/// assert_eq!(limit.wait(), Duration::from_millis(5));
 /// let layer = SqliteRetryLayer::default().limit_reads_while_writers_wait(limit);
 /// # let _ = layer;
 /// // a zero wait is refused: a read held back would never wait for its place
@@ -566,11 +528,11 @@ impl Default for ReadLimit {
     /// writers wait, each waiting at most 10 ms for its place.
     ///
     /// ```
+    /// use std::num::NonZeroUsize;
     /// use tower_sqlite_retry::policy::ReadLimit;
     ///
-    /// let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    /// assert_eq!(ReadLimit::default().reads().get(), cores);
-    /// assert_eq!(ReadLimit::default().wait(), std::time::Duration::from_millis(10));
+    /// let cores = std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN);
+    /// assert_eq!(ReadLimit::default(), ReadLimit::new(cores));
     /// ```
     fn default() -> Self {
         Self::new(std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN))
@@ -596,12 +558,12 @@ impl ReadLimit {
     }
 
     /// How many reads run at once while writers wait.
-    pub fn reads(&self) -> NonZeroUsize {
+    pub(crate) fn reads(&self) -> NonZeroUsize {
         self.reads
     }
 
     /// The longest a read held back waits for its place.
-    pub fn wait(&self) -> Duration {
+    pub(crate) fn wait(&self) -> Duration {
         self.wait
     }
 

@@ -15,7 +15,7 @@ use crate::body::ReplayBody;
 use crate::classify::{ClassifyError, NeverRetryErrors};
 use crate::future::ResponseFuture;
 use crate::metrics::RetryMetrics;
-use crate::policy::{AdmissionLimit, InvalidPolicy, ReadLimit, RetryPolicy};
+use crate::policy::{InvalidPolicy, ReadLimit, RetryPolicy};
 use crate::shared::Shared;
 
 /// A tower [`Layer`] that replays requests whose response carries the
@@ -93,10 +93,11 @@ impl<C> SqliteRetryLayer<C> {
     ///
     #[cfg_attr(feature = "sqlx", doc = "```")]
     #[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
-    /// use tower_sqlite_retry::{RetryPolicy, SqliteRetryLayer, SqlxErrors};
+    /// use tower_sqlite_retry::classify::RetryDriverErrors;
+    /// use tower_sqlite_retry::{RetryPolicy, SqliteRetryLayer};
     ///
-    /// // errors that are (or box) a sqlx::Error, classified with `classify`:
-    /// let layer = SqliteRetryLayer::new(RetryPolicy::default()).classify_errors(SqlxErrors);
+    /// // errors that are (or box, anywhere in their source chain) a driver's error:
+    /// let layer = SqliteRetryLayer::new(RetryPolicy::default()).classify_errors(RetryDriverErrors);
     /// // or any closure `Fn(&E) -> Option<Retryable>`:
     /// use tower_sqlite_retry::Retryable;
     /// let layer = SqliteRetryLayer::new(RetryPolicy::default()).classify_errors(
@@ -113,11 +114,11 @@ impl<C> SqliteRetryLayer<C> {
     }
 
     /// The same layer, holding `GET` and `HEAD` requests back while writers wait for a
-    /// database's turn, so that the writer's transaction gets the CPU: at most
-    /// [`limit.reads()`](ReadLimit::reads) at once, each waiting at most
-    /// [`limit.wait()`](ReadLimit::wait) for its place (see [`ReadLimit`] for when it pays
+    /// database's turn, so that the writer's transaction gets the CPU: at most the limit's
+    /// reads at once, each waiting at most its [`max_wait`](ReadLimit::max_wait) for its
+    /// place (see [`ReadLimit`] for when it pays
     /// and what it trades). On by default with [`ReadLimit::default`] (one read per core);
-    /// this sets another, [`without_read_limit`](Self::without_read_limit) none. The returned
+    /// this sets another, [`no_read_limit`](Self::no_read_limit) none. The returned
     /// layer keeps this one's counters, replay gate and admission, and has a read limit of its
     /// own.
     ///
@@ -153,10 +154,10 @@ impl<C> SqliteRetryLayer<C> {
     /// ```
     /// use tower_sqlite_retry::SqliteRetryLayer;
     ///
-    /// let layer = SqliteRetryLayer::default().without_read_limit();
+    /// let layer = SqliteRetryLayer::default().no_read_limit();
     /// # let _ = layer;
     /// ```
-    pub fn without_read_limit(self) -> Self {
+    pub fn no_read_limit(self) -> Self {
         Self {
             shared: Arc::new(self.shared.with_read_limit(None)),
             classifier: self.classifier,
@@ -171,17 +172,6 @@ impl<C> SqliteRetryLayer<C> {
     /// The policy.
     pub fn policy(&self) -> &RetryPolicy {
         &self.shared.policy
-    }
-
-    /// The routes writer admission has limited so far: deprecated, the same as
-    /// [`RetryMetrics::admission_limits`] (`layer.metrics().admission_limits()`), the one
-    /// place the layer's readings are.
-    #[deprecated(
-        since = "0.1.0",
-        note = "use `layer.metrics().admission_limits()`: the layer's readings are all on `RetryMetrics`"
-    )]
-    pub fn admission_limits(&self) -> Vec<AdmissionLimit> {
-        self.shared.admissions.limits()
     }
 }
 

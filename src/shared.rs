@@ -29,11 +29,7 @@ impl Shared {
     /// A new layer's state, for a policy already validated.
     pub(crate) fn new(policy: RetryPolicy) -> Self {
         let gate = policy.replay_gate.map(|n| Arc::new(Semaphore::new(n)));
-        // The read limit: the (deprecated) policy's, else the layer's default.
-        let limit = match policy.read_limit {
-            Some(reads) => ReadLimit::new(reads).max_wait(policy.read_wait),
-            None => ReadLimit::default(),
-        };
+        let limit = ReadLimit::default();
         Self {
             admissions: Arc::new(Admissions::new(policy.admission)),
             reads: Some(Arc::new(Semaphore::new(limit.reads().get()))),

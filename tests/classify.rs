@@ -11,8 +11,7 @@ use axum::response::IntoResponse;
 use http::StatusCode;
 use http_body_util::BodyExt;
 use sqlx::sqlite::SqlitePoolOptions;
-use tower_sqlite_retry::classify::is_constraint_violation;
-use tower_sqlite_retry::{DbError, Retryable, classify};
+use tower_sqlite_retry::{DbError, DriverError, Retryable};
 
 use common::{TestDb, assert_no_db_detail};
 
@@ -83,7 +82,7 @@ async fn busy_is_retryable() {
     let db = TestDb::new();
     let err = real_busy(&db).await;
     assert_eq!(code_of(&err), "5");
-    let r = classify(&err).expect("SQLITE_BUSY is retryable");
+    let r = err.retryable().expect("SQLITE_BUSY is retryable");
     assert_eq!((r.code(), r.name()), ("5", "SQLITE_BUSY"));
 }
 
@@ -92,7 +91,7 @@ async fn busy_snapshot_is_retryable() {
     let db = TestDb::new();
     let err = real_busy_snapshot(&db).await;
     assert_eq!(code_of(&err), "517");
-    let r = classify(&err).expect("SQLITE_BUSY_SNAPSHOT is retryable");
+    let r = err.retryable().expect("SQLITE_BUSY_SNAPSHOT is retryable");
     assert_eq!(r.name(), "SQLITE_BUSY_SNAPSHOT");
 }
 
@@ -102,16 +101,16 @@ async fn constraint_violation_is_not_retryable() {
     let pool = db.pool(1, Duration::ZERO).await;
     let err = unique_violation(&pool, 1).await;
     assert_eq!(code_of(&err), "2067");
-    assert!(classify(&err).is_none());
-    assert!(is_constraint_violation(&err));
+    assert!(err.retryable().is_none());
+    assert!(err.is_constraint_violation());
 
     let err = sqlx::query("INSERT INTO items (seq, name) VALUES (2, NULL)")
         .execute(&pool)
         .await
         .unwrap_err();
     assert_eq!(code_of(&err), "1299");
-    assert!(classify(&err).is_none());
-    assert!(is_constraint_violation(&err));
+    assert!(err.retryable().is_none());
+    assert!(err.is_constraint_violation());
 }
 
 #[tokio::test]
@@ -126,13 +125,13 @@ async fn pool_timeout_is_retryable_pool_closed_is_not() {
     let held = pool.acquire().await.unwrap();
     let err = pool.acquire().await.unwrap_err();
     assert!(matches!(err, sqlx::Error::PoolTimedOut), "{err:?}");
-    assert_eq!(classify(&err).unwrap().name(), "POOL_TIMED_OUT");
+    assert_eq!(err.retryable().unwrap().name(), "POOL_TIMED_OUT");
     drop(held);
 
     pool.close().await;
     let err = pool.acquire().await.unwrap_err();
     assert!(matches!(err, sqlx::Error::PoolClosed), "{err:?}");
-    assert!(classify(&err).is_none());
+    assert!(err.retryable().is_none());
 }
 
 #[tokio::test]
@@ -144,11 +143,15 @@ async fn other_errors_are_not_retryable() {
         .await
         .unwrap_err();
     assert_eq!(code_of(&err), "1");
-    assert!(classify(&err).is_none());
-    assert!(!is_constraint_violation(&err));
-    assert!(classify(&sqlx::Error::RowNotFound).is_none());
-    assert!(classify(&sqlx::Error::WorkerCrashed).is_none());
-    assert!(classify(&sqlx::Error::Io(std::io::Error::other("x"))).is_none());
+    assert!(err.retryable().is_none());
+    assert!(!err.is_constraint_violation());
+    assert!((sqlx::Error::RowNotFound).retryable().is_none());
+    assert!((sqlx::Error::WorkerCrashed).retryable().is_none());
+    assert!(
+        (sqlx::Error::Io(std::io::Error::other("x")))
+            .retryable()
+            .is_none()
+    );
 }
 
 #[tokio::test]
@@ -236,8 +239,8 @@ fn numeric_codes_of_other_drivers_are_not_sqlite_codes() {
     for (code, low_byte) in [("1285", 5), ("4371", 19), ("5", 5), ("2067", 19)] {
         assert_eq!(code.parse::<i32>().unwrap() & 0xff, low_byte);
         let err = sqlx::Error::Database(Box::new(OtherDriverError { code }));
-        assert_eq!(classify(&err), None, "{code}");
-        assert!(!is_constraint_violation(&err), "{code}");
+        assert_eq!(err.retryable(), None, "{code}");
+        assert!(!err.is_constraint_violation(), "{code}");
         assert_eq!(
             DbError::from(err).status(),
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -319,8 +322,8 @@ async fn constraints_are_answered_per_kind() {
     ] {
         let err = sqlx::query(statement).execute(&pool).await.unwrap_err();
         assert_eq!(code_of(&err), code, "{statement}");
-        assert!(classify(&err).is_none(), "{statement}");
-        assert!(is_constraint_violation(&err), "{statement}");
+        assert!(err.retryable().is_none(), "{statement}");
+        assert!(err.is_constraint_violation(), "{statement}");
         let res = DbError::from(err).into_response();
         assert_eq!(res.status(), status, "{statement}");
         assert!(res.extensions().get::<Retryable>().is_none());
@@ -587,19 +590,18 @@ async fn error_chain_reads_no_lookalike_as_sqlite() {
 }
 
 /// `DriverError` answers for a real error what the tables say, with the code and its name;
-/// `DriverErrors` finds it in a boxed error's chain, as plain tower services box their errors.
+/// `RetryDriverErrors` finds it in a boxed error's chain, as plain tower services box their errors.
 #[tokio::test]
 async fn driver_error_answers_with_the_code_and_its_name() {
     use tower_sqlite_retry::ClassifyError;
     use tower_sqlite_retry::DriverError;
-    use tower_sqlite_retry::classify::DriverErrors;
+    use tower_sqlite_retry::classify::RetryDriverErrors;
 
     let db = TestDb::new();
     let busy = real_busy(&db).await;
     assert_eq!(busy.code().as_deref(), Some("5"));
     assert_eq!(busy.code_name(), Some("SQLITE_BUSY"));
     assert!(!busy.is_constraint_violation());
-    assert_eq!(busy.retryable(), classify(&busy));
     assert_eq!(busy.retryable().unwrap().name(), "SQLITE_BUSY");
 
     // Connecting waits out what the busy case's connections may still hold as they close.
@@ -616,7 +618,7 @@ async fn driver_error_answers_with_the_code_and_its_name() {
     assert!(sqlx::Error::PoolTimedOut.retryable().is_some());
 
     // The one classifier for services: the error itself, or boxed, or boxed inside another.
-    assert_eq!(DriverErrors.classify_error(&busy).unwrap().code(), "5");
+    assert_eq!(RetryDriverErrors.classify_error(&busy).unwrap().code(), "5");
     #[derive(Debug)]
     struct Wrapped(sqlx::Error);
     impl std::fmt::Display for Wrapped {
@@ -631,9 +633,9 @@ async fn driver_error_answers_with_the_code_and_its_name() {
     }
     let boxed: tower::BoxError = Box::new(Wrapped(busy));
     assert_eq!(
-        DriverErrors.classify_error(&boxed).unwrap().name(),
+        RetryDriverErrors.classify_error(&boxed).unwrap().name(),
         "SQLITE_BUSY"
     );
     let boxed: tower::BoxError = Box::new(Wrapped(unique));
-    assert!(DriverErrors.classify_error(&boxed).is_none());
+    assert!(RetryDriverErrors.classify_error(&boxed).is_none());
 }

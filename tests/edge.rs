@@ -25,7 +25,7 @@ use tower::limit::ConcurrencyLimitLayer;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_http::timeout::RequestBodyDeadlineLayer;
 use tower_sqlite_retry::body::ReplayBody;
-use tower_sqlite_retry::classify::DriverErrors;
+use tower_sqlite_retry::classify::RetryDriverErrors;
 use tower_sqlite_retry::metrics::Outcome;
 use tower_sqlite_retry::metrics::RetryOutcome;
 use tower_sqlite_retry::policy::Admission;
@@ -671,8 +671,8 @@ fn busy_error() -> BoxError {
 async fn nested_layers_on_the_error_path_never_multiply_attempts() {
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
-    let inner = SqliteRetryLayer::new(quick(3)).classify_errors(DriverErrors);
-    let outer = SqliteRetryLayer::new(quick(4)).classify_errors(DriverErrors);
+    let inner = SqliteRetryLayer::new(quick(3)).classify_errors(RetryDriverErrors);
+    let outer = SqliteRetryLayer::new(quick(4)).classify_errors(RetryDriverErrors);
     let (inner_m, outer_m) = (inner.metrics(), outer.metrics());
     let svc = ServiceBuilder::new().layer(outer).layer(inner).service_fn(
         move |_: Request<ReplayBody<ReplayBody<Body>>>| {
@@ -706,7 +706,7 @@ async fn one_layer_nested_in_itself_shares_its_gate_without_deadlock() {
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
     let layer = SqliteRetryLayer::new(quick(3).deadline(Duration::from_secs(3600)))
-        .classify_errors(DriverErrors);
+        .classify_errors(RetryDriverErrors);
     let svc = ServiceBuilder::new()
         .layer(layer.clone())
         .layer(layer.clone())

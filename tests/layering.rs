@@ -119,14 +119,131 @@ fn paths(code: &str) -> Vec<(String, Vec<String>)> {
     found
 }
 
-/// The file-level import graph: which module's file names which other module.
+/// The text with `//` comments taken out (re-exports kept).
+fn without_comments(text: &str) -> String {
+    text.lines()
+        .map(|line| line.find("//").map_or(line, |at| &line[..at]))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// What each module re-exports (`pub use`, `pub(crate) use`, `pub(super) use`): for each
+/// (module, name), the full path of the item it names, so that `crate::DbError` is read as
+/// the `error` module it comes from, not as the root.
+fn reexports(modules: &BTreeMap<String, PathBuf>) -> BTreeMap<(String, String), Vec<String>> {
+    let mut found = BTreeMap::new();
+    for (module, file) in modules {
+        let code = without_comments(&std::fs::read_to_string(file).expect("a readable file"));
+        let own: Vec<String> = if module.is_empty() {
+            Vec::new()
+        } else {
+            module.split("::").map(str::to_owned).collect()
+        };
+        let is_dir = file.ends_with("mod.rs") || file.ends_with("lib.rs");
+        let mut rest = code.as_str();
+        while let Some(at) = ["pub use ", "pub(crate) use ", "pub(super) use "]
+            .iter()
+            .filter_map(|needle| rest.find(needle).map(|i| (i, needle.len())))
+            .min()
+        {
+            let start = at.0 + at.1;
+            let end = rest[start..].find(';').map_or(rest.len(), |e| start + e);
+            let statement = rest[start..end]
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+                .replace(":: ", "::")
+                .replace("{ ", "{")
+                .replace(" }", "}");
+            rest = &rest[end..];
+            let (prefix, items) = match statement.find('{') {
+                Some(open) => (
+                    statement[..open].trim_end_matches("::").to_owned(),
+                    statement[open + 1..statement.rfind('}').unwrap_or(statement.len())]
+                        .split(',')
+                        .map(|item| item.trim().to_owned())
+                        .collect::<Vec<_>>(),
+                ),
+                None => (String::new(), vec![statement.clone()]),
+            };
+            for item in items
+                .iter()
+                .filter(|item| !item.is_empty() && item.as_str() != "*")
+            {
+                let (path, name) = match item.split_once(" as ") {
+                    Some((path, alias)) => (path.to_owned(), alias.to_owned()),
+                    None => (
+                        item.clone(),
+                        item.rsplit("::").next().unwrap_or(item).to_owned(),
+                    ),
+                };
+                let whole = if prefix.is_empty() {
+                    path
+                } else {
+                    format!("{prefix}::{path}")
+                };
+                let mut segments: Vec<String> = whole.split("::").map(str::to_owned).collect();
+                let full: Vec<String> = match segments[0].as_str() {
+                    "crate" => segments.split_off(1),
+                    "super" => own[..own.len().saturating_sub(1)]
+                        .iter()
+                        .cloned()
+                        .chain(segments.split_off(1))
+                        .collect(),
+                    "self" if is_dir => own.iter().cloned().chain(segments.split_off(1)).collect(),
+                    _ if is_dir
+                        && modules.contains_key(
+                            &own.iter()
+                                .chain(&segments[..1])
+                                .cloned()
+                                .collect::<Vec<_>>()
+                                .join("::"),
+                        ) =>
+                    {
+                        own.iter().cloned().chain(segments).collect()
+                    }
+                    _ => continue,
+                };
+                found.insert((module.clone(), name), full);
+            }
+        }
+    }
+    found
+}
+
+/// The file-level import graph: which module's file names which other module. A path
+/// through a re-export (the root's `crate::DbError`, a facade's `super::Name`) counts as an
+/// import of the module the item is defined in.
 fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let modules = modules(src);
+    let reexports = reexports(&modules);
     let resolve = |segments: &[String]| -> Option<String> {
-        (1..=segments.len())
-            .rev()
-            .map(|n| segments[..n].join("::"))
-            .find(|candidate| modules.contains_key(candidate))
+        let mut path = segments.to_vec();
+        for _ in 0..16 {
+            let module = (0..=path.len())
+                .rev()
+                .map(|n| path[..n].join("::"))
+                .find(|candidate| modules.contains_key(candidate))?;
+            let depth = if module.is_empty() {
+                0
+            } else {
+                module.split("::").count()
+            };
+            match path
+                .get(depth)
+                .and_then(|name| reexports.get(&(module.clone(), name.clone())))
+            {
+                Some(target) => {
+                    path = target
+                        .iter()
+                        .cloned()
+                        .chain(path[depth + 1..].iter().cloned())
+                        .collect();
+                }
+                None => return Some(module),
+            }
+        }
+        None
     };
     let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (module, file) in &modules {
@@ -145,7 +262,7 @@ fn graph(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
                 _ if is_dir => own.iter().cloned().chain(segments).collect(),
                 _ => continue,
             };
-            if let Some(target) = resolve(&full).filter(|t| t != module) {
+            if let Some(target) = resolve(&full).filter(|t| t != module && !t.is_empty()) {
                 edges.entry(module.clone()).or_default().insert(target);
             }
         }
@@ -241,6 +358,30 @@ fn no_import_circle_in_src() {
     );
 }
 
+/// The same at the level of the root's modules (a directory counts as one): `classify` may not
+/// import a module that imports `classify` back, even through different files.
+fn top_level(edges: &BTreeMap<String, BTreeSet<String>>) -> BTreeMap<String, BTreeSet<String>> {
+    let top = |module: &str| module.split("::").next().unwrap_or_default().to_owned();
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, to) in edges {
+        for to in to {
+            if top(from) != top(to) {
+                out.entry(top(from)).or_default().insert(top(to));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_import_circle_between_the_roots_modules() {
+    let circles = circles(&top_level(&graph(&src())));
+    assert!(
+        circles.is_empty(),
+        "import circles between the root's modules (a directory counts as one): {circles:#?}"
+    );
+}
+
 #[test]
 fn the_classifiers_import_nothing_of_the_write_path_or_the_layer() {
     let edges = graph(&src());
@@ -302,4 +443,11 @@ fn the_reader_finds_a_circle_and_skips_re_exports() {
     assert!(!edges["w::tx"].contains("a"), "a comment is no import");
     std::fs::write(src.join("w/tx.rs"), "pub struct Tx;\n").unwrap();
     assert!(circles(&graph(src)).is_empty());
+
+    // A path through the root's re-export is an import of the module that defines the item:
+    // `a` names `crate::Tx` (the root's `pub use w::Tx`), `w::tx` names `crate::a::A`.
+    std::fs::write(src.join("lib.rs"), "mod a;\nmod w;\npub use w::Tx;\n").unwrap();
+    std::fs::write(src.join("a.rs"), "pub struct A(crate::Tx);\n").unwrap();
+    std::fs::write(src.join("w/tx.rs"), "pub struct Tx(crate::a::A);\n").unwrap();
+    assert_eq!(circles(&graph(src)), vec![vec!["a", "w::tx"]]);
 }

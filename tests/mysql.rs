@@ -20,8 +20,7 @@ use http::StatusCode;
 use sqlx::MySqlConnection;
 use sqlx::mysql::{MySql, MySqlPool};
 use tokio::sync::{mpsc, watch};
-use tower_sqlite_retry::classify::is_constraint_violation;
-use tower_sqlite_retry::{Attempt, DbError, Retryable, SqliteRetryLayer, classify};
+use tower_sqlite_retry::{Attempt, DbError, DriverError, Retryable, SqliteRetryLayer};
 
 use common::{
     Calls, DbFixture, HttpClient, PausedState, TableState, assert_conflict_never_replayed,
@@ -604,7 +603,7 @@ async fn classifier_and_db_error_on_real_driver_errors() {
         ("40000", 3101, "ER_TRANSACTION_ROLLBACK_DURING_COMMIT"),
     ] {
         let err = signal(&fx.pool, sqlstate, number).await;
-        let marker = classify(&err).unwrap_or_else(|| panic!("{number}: {err}"));
+        let marker = err.retryable().unwrap_or_else(|| panic!("{number}: {err}"));
         assert_eq!(
             (marker.code(), marker.name()),
             (number.to_string().as_str(), name)
@@ -621,8 +620,8 @@ async fn classifier_and_db_error_on_real_driver_errors() {
         ("70100", 1317),
     ] {
         let err = signal(&fx.pool, sqlstate, number).await;
-        assert!(classify(&err).is_none(), "{number}");
-        assert!(!is_constraint_violation(&err), "{number}");
+        assert!(err.retryable().is_none(), "{number}");
+        assert!(!err.is_constraint_violation(), "{number}");
         let status = DbError::from(err).status();
         assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{number}");
     }
@@ -670,8 +669,8 @@ async fn classifier_and_db_error_on_real_driver_errors() {
             .downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
             .number();
         assert!(numbers.contains(&number), "{statement}: {number}");
-        assert!(classify(&err).is_none(), "{statement}");
-        assert!(is_constraint_violation(&err), "{statement}: {err}");
+        assert!(err.retryable().is_none(), "{statement}");
+        assert!(err.is_constraint_violation(), "{statement}: {err}");
         assert_eq!(DbError::from(err).status(), status, "{statement}");
     }
     // A value of the wrong type (strict mode, 1366) is no constraint: the server's own
@@ -680,7 +679,7 @@ async fn classifier_and_db_error_on_real_driver_errors() {
         .execute(&fx.pool)
         .await
         .unwrap_err();
-    assert!(!is_constraint_violation(&err), "{err}");
+    assert!(!err.is_constraint_violation(), "{err}");
     assert_eq!(
         DbError::from(err).status(),
         StatusCode::INTERNAL_SERVER_ERROR
@@ -694,7 +693,7 @@ async fn classifier_and_db_error_on_real_driver_errors() {
         err.as_database_error().and_then(|d| d.code()).as_deref(),
         Some("23000")
     );
-    assert!(!is_constraint_violation(&err));
+    assert!(!err.is_constraint_violation());
     assert_eq!(
         DbError::from(err).status(),
         StatusCode::INTERNAL_SERVER_ERROR
@@ -730,7 +729,7 @@ async fn nowait_on_mariadb_reports_1205() {
     .unwrap_err();
     tx.rollback().await.unwrap();
     exec(&mut holder, "ROLLBACK".into()).await;
-    let marker = classify(&err);
+    let marker = err.retryable();
     if version.contains("MariaDB") {
         assert_eq!(marker.map(|m| m.code().to_owned()).as_deref(), Some("1205"));
     } else {

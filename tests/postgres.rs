@@ -19,8 +19,7 @@ use axum::{Json, Router};
 use http::StatusCode;
 use sqlx::postgres::{PgPool, Postgres};
 use sqlx::{Connection, PgConnection};
-use tower_sqlite_retry::classify::is_constraint_violation;
-use tower_sqlite_retry::{Attempt, DbError, SqliteRetryLayer, classify};
+use tower_sqlite_retry::{Attempt, DbError, DriverError, SqliteRetryLayer};
 
 use common::{
     DbFixture, HttpClient, PausedState, TableState, assert_conflict_never_replayed,
@@ -505,7 +504,9 @@ async fn classifier_and_db_error_on_real_driver_errors() {
         ("40P01", "deadlock_detected"),
     ] {
         let err = raise(&fx.pool, sqlstate).await;
-        let marker = classify(&err).unwrap_or_else(|| panic!("{sqlstate}: {err}"));
+        let marker = err
+            .retryable()
+            .unwrap_or_else(|| panic!("{sqlstate}: {err}"));
         assert_eq!((marker.code(), marker.name()), (sqlstate, name));
         let res = DbError::from(err).into_response();
         assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE, "{sqlstate}");
@@ -520,8 +521,8 @@ async fn classifier_and_db_error_on_real_driver_errors() {
         "55P03", "40000", "40002", "40003", "57014", "53300", "XX000",
     ] {
         let err = raise(&fx.pool, sqlstate).await;
-        assert!(classify(&err).is_none(), "{sqlstate}");
-        assert!(!is_constraint_violation(&err), "{sqlstate}");
+        assert!(err.retryable().is_none(), "{sqlstate}");
+        assert!(!err.is_constraint_violation(), "{sqlstate}");
         let status = DbError::from(err).status();
         assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{sqlstate}");
     }
@@ -537,8 +538,8 @@ async fn classifier_and_db_error_on_real_driver_errors() {
         ("23514", StatusCode::UNPROCESSABLE_ENTITY),
     ] {
         let err = raise(&fx.pool, sqlstate).await;
-        assert!(classify(&err).is_none(), "{sqlstate}");
-        assert!(is_constraint_violation(&err), "{sqlstate}");
+        assert!(err.retryable().is_none(), "{sqlstate}");
+        assert!(err.is_constraint_violation(), "{sqlstate}");
         assert_eq!(DbError::from(err).status(), status, "{sqlstate}");
     }
     let t = &fx.table;
@@ -584,8 +585,8 @@ async fn classifier_and_db_error_on_real_driver_errors() {
             Some(code),
             "{statement}"
         );
-        assert!(classify(&err).is_none(), "{statement}");
-        assert!(is_constraint_violation(&err), "{statement}: {err}");
+        assert!(err.retryable().is_none(), "{statement}");
+        assert!(err.is_constraint_violation(), "{statement}: {err}");
         assert_eq!(DbError::from(err).status(), status, "{statement}");
     }
     // A value of the wrong type is no constraint (class 22): the server's own binding, 500.
@@ -597,7 +598,7 @@ async fn classifier_and_db_error_on_real_driver_errors() {
         err.as_database_error().and_then(|d| d.code()).as_deref(),
         Some("22P02")
     );
-    assert!(!is_constraint_violation(&err));
+    assert!(!err.is_constraint_violation());
     assert_eq!(
         DbError::from(err).status(),
         StatusCode::INTERNAL_SERVER_ERROR
@@ -606,7 +607,7 @@ async fn classifier_and_db_error_on_real_driver_errors() {
         .execute(&fx.pool)
         .await
         .unwrap_err();
-    assert!(classify(&err).is_none());
+    assert!(err.retryable().is_none());
     assert_eq!(
         DbError::from(err).status(),
         StatusCode::INTERNAL_SERVER_ERROR

@@ -307,7 +307,7 @@ fn power_loss_child() {
         let writes = if group {
             writes
         } else {
-            writes.group_commit(None)
+            writes.group_commit(false)
         };
         let router = Router::new()
             .route("/items/{id}", post(write))
@@ -701,7 +701,7 @@ async fn held_write_pool(dir: &Path) -> (SqlitePool, WritePool) {
         .await
         .expect("the first write transaction");
     assert!(
-        writes.hold_fsync(true),
+        tower_sqlite_retry::__private::hold_fsync(&writes, true),
         "the write path shares the WAL's fsync (WAL, FULL, group commit on)"
     );
     (pool, writes)
@@ -752,7 +752,7 @@ async fn heard_elsewhere(dir: &Path) {
     assert_eq!(heard.raw_os_error(), Some(EIO), "{heard}");
     println!("fault: another descriptor heard the WAL's writeback error first: {heard}");
 
-    writes.hold_fsync(false);
+    tower_sqlite_retry::__private::hold_fsync(&writes, false);
     let t1 = t1.await.unwrap();
     println!("fault: t1 (committed before the error, waited for the shared fsync): {t1:?}");
     let error = t1.expect_err(
@@ -782,7 +782,7 @@ async fn failed_fsync(dir: &Path) {
     );
 
     shim_command(dir, &format!("fail-next-fsync:{DB}-wal"));
-    writes.hold_fsync(false);
+    tower_sqlite_retry::__private::hold_fsync(&writes, false);
     let (t1, t2) = (t1.await.unwrap(), t2.await.unwrap());
     println!("fault: t1 (waited for the failed fsync): {t1:?}");
     println!("fault: t2 (waited for the same fsync): {t2:?}");
@@ -845,7 +845,7 @@ async fn a_wal_no_longer_at_its_path_is_not_synced() {
     assert!(!t1.is_finished(), "t1 acknowledged before any fsync (held)");
 
     std::fs::rename(&dir, root.path().join("db-moved")).unwrap();
-    writes.hold_fsync(false);
+    tower_sqlite_retry::__private::hold_fsync(&writes, false);
     let t1 = t1.await.unwrap();
     eprintln!("a_wal_no_longer_at_its_path_is_not_synced: t1: {t1:?}");
     t1.expect_err("t1 acknowledged as durable although its WAL is no longer at its path");

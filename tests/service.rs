@@ -15,7 +15,7 @@ use proptest::prelude::*;
 use tokio::time::Instant;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_sqlite_retry::body::ReplayBody;
-use tower_sqlite_retry::classify::DriverErrors;
+use tower_sqlite_retry::classify::RetryDriverErrors;
 use tower_sqlite_retry::metrics::Outcome;
 use tower_sqlite_retry::metrics::RetryOutcome;
 use tower_sqlite_retry::{Attempt, Jitter, RetryPolicy, Retryable, SqliteRetryLayer};
@@ -124,7 +124,7 @@ async fn service_errors_use_the_error_classifier() {
         }
     });
     let svc = ServiceBuilder::new()
-        .layer(SqliteRetryLayer::new(fast()).classify_errors(DriverErrors))
+        .layer(SqliteRetryLayer::new(fast()).classify_errors(RetryDriverErrors))
         .service(inner.clone());
     let res = svc.oneshot(req()).await.unwrap();
     assert_eq!(
@@ -142,7 +142,7 @@ async fn service_errors_use_the_error_classifier() {
 
     // A non-retryable error is returned at once.
     let svc = ServiceBuilder::new()
-        .layer(SqliteRetryLayer::new(fast()).classify_errors(DriverErrors))
+        .layer(SqliteRetryLayer::new(fast()).classify_errors(RetryDriverErrors))
         .service(tower::service_fn(|_: Request<ReplayBody<Body>>| async {
             Err::<Response<Body>, _>(sqlx::Error::RowNotFound)
         }));

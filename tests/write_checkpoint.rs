@@ -48,14 +48,17 @@ async fn writer_autocheckpoint(writes: &WritePool) -> i64 {
 /// The writer connection's `wal_autocheckpoint` while its fsync is shared: read in a
 /// transaction begun while the fsync is held (every transaction then shares it), rolled back.
 async fn shared_autocheckpoint(writes: &WritePool) -> i64 {
-    assert!(writes.hold_fsync(true), "the pool shares its fsync");
+    assert!(
+        tower_sqlite_retry::__private::hold_fsync(writes, true),
+        "the pool shares its fsync"
+    );
     let mut tx = writes.begin().await.unwrap();
     let pages: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint")
         .fetch_one(&mut *tx)
         .await
         .unwrap();
     tx.rollback().await.unwrap();
-    writes.hold_fsync(false);
+    tower_sqlite_retry::__private::hold_fsync(writes, false);
     pages
 }
 
@@ -210,7 +213,7 @@ async fn without_group_commit_the_writer_connection_checkpoints_as_sqlite_does()
             .synchronous(SqliteSynchronous::Full),
     )
     .await
-    .group_commit(None);
+    .group_commit(false);
     assert_eq!(writer_autocheckpoint(&writes).await, 1_000);
     writes.close().await;
 }
@@ -228,10 +231,13 @@ async fn at_normal_the_writer_connection_checkpoints_as_sqlite_does() {
         )
         .await;
         if !group_commit {
-            writes = writes.group_commit(None);
+            writes = writes.group_commit(false);
         }
         assert_eq!(writer_autocheckpoint(&writes).await, 1_000);
-        assert!(!writes.hold_fsync(true), "nothing to share at NORMAL");
+        assert!(
+            !tower_sqlite_retry::__private::hold_fsync(&writes, true),
+            "nothing to share at NORMAL"
+        );
         concurrent_commits(&writes, 4, 10).await;
         assert_eq!(writer_autocheckpoint(&writes).await, 1_000);
         writes.close().await;

@@ -27,7 +27,6 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use tower_sqlite_retry::write::GroupCommit;
 use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer, WritePool};
 
 const SERVE: &str = "TSR_CRASH_SERVE";
@@ -109,12 +108,10 @@ fn crash_child() {
         let router = match config.as_str() {
             "write-path" => router
                 .layer(SqliteRetryLayer::new(RetryPolicy::default()))
-                .with_state(Writes::Path(WritePool::new(pool).group_commit(None))),
+                .with_state(Writes::Path(WritePool::new(pool).group_commit(false))),
             "write-path-group" => router
                 .layer(SqliteRetryLayer::new(RetryPolicy::default()))
-                .with_state(Writes::Path(
-                    WritePool::new(pool).group_commit(Some(GroupCommit::default())),
-                )),
+                .with_state(Writes::Path(WritePool::new(pool).group_commit(true))),
             "immediate" => router.with_state(Writes::Immediate(pool)),
             other => panic!("unknown config {other}"),
         };

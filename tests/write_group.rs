@@ -109,7 +109,7 @@ async fn a_commit_returns_only_after_an_fsync_that_started_after_it() {
     );
 
     assert!(
-        writes.hold_fsync(true),
+        tower_sqlite_retry::__private::hold_fsync(&writes, true),
         "group commit shares the fsync here"
     );
     let commit = commit_in_background(&writes, &pool, "a").await;
@@ -117,7 +117,7 @@ async fn a_commit_returns_only_after_an_fsync_that_started_after_it() {
     assert!(!commit.is_finished(), "acknowledged before its fsync");
     assert_eq!(writes.stats().unwrap().syncs, 0);
 
-    writes.hold_fsync(false);
+    tower_sqlite_retry::__private::hold_fsync(&writes, false);
     commit.await.unwrap().unwrap();
     let after = writes.stats().unwrap();
     assert_eq!((after.syncs, after.synced), (1, 1));
@@ -135,7 +135,7 @@ async fn past_the_bound_a_stalled_fsync_holds_writers_back() {
     let pool = pool_of(full(&db), Duration::from_secs(30)).await;
     let writes = WritePool::new(pool.clone());
     warm(&writes, "warm").await;
-    assert!(writes.hold_fsync(true));
+    assert!(tower_sqlite_retry::__private::hold_fsync(&writes, true));
     let mut commits = Vec::new();
     for i in 0..BOUND {
         let mut tx = writes.begin().await.unwrap();
@@ -160,13 +160,13 @@ async fn past_the_bound_a_stalled_fsync_holds_writers_back() {
         "FULL past the bound"
     );
     assert!(commits.iter().all(|c| !c.is_finished()));
-    writes.hold_fsync(false);
+    tower_sqlite_retry::__private::hold_fsync(&writes, false);
     for commit in commits {
         commit.await.unwrap().unwrap();
     }
     assert_eq!(writes.stats().unwrap().synced, BOUND as u64);
     // Below the bound again: a transaction begun while the fsync is held shares it.
-    writes.hold_fsync(true);
+    tower_sqlite_retry::__private::hold_fsync(&writes, true);
     let mut tx = writes.begin().await.unwrap();
     let level: i64 = sqlx::query_scalar("SELECT synchronous FROM pragma_synchronous")
         .fetch_one(&mut *tx)
@@ -174,7 +174,7 @@ async fn past_the_bound_a_stalled_fsync_holds_writers_back() {
         .unwrap();
     assert_eq!(level, 1, "NORMAL: shared again");
     tx.rollback().await.unwrap();
-    writes.hold_fsync(false);
+    tower_sqlite_retry::__private::hold_fsync(&writes, false);
 }
 
 /// Transactions that commit while the fsync waits share the next one: three commits, one
@@ -185,13 +185,13 @@ async fn transactions_that_commit_while_an_fsync_waits_share_the_next() {
     let pool = pool_of(full(&db), Duration::from_secs(30)).await;
     let writes = WritePool::new(pool.clone());
     warm(&writes, "warm").await;
-    writes.hold_fsync(true);
+    tower_sqlite_retry::__private::hold_fsync(&writes, true);
     let mut commits = Vec::new();
     for name in ["a", "b", "c"] {
         commits.push(commit_in_background(&writes, &pool, name).await);
     }
     assert!(commits.iter().all(|c| !c.is_finished()));
-    writes.hold_fsync(false);
+    tower_sqlite_retry::__private::hold_fsync(&writes, false);
     for commit in commits {
         commit.await.unwrap().unwrap();
     }
@@ -240,7 +240,7 @@ async fn the_writer_connection_runs_at_normal_only_while_the_fsync_is_shared() {
         let pool = pool_of(options, Duration::from_secs(30)).await;
         let mut writes = WritePool::new(pool.clone());
         if !groups {
-            writes = writes.group_commit(None);
+            writes = writes.group_commit(false);
         }
         let what = format!("{journal:?} {level:?} groups {groups}");
         assert_eq!(
@@ -248,7 +248,11 @@ async fn the_writer_connection_runs_at_normal_only_while_the_fsync_is_shared() {
             level as i64,
             "{what}: a writer alone"
         );
-        assert_eq!(writes.hold_fsync(true), shared, "{what}");
+        assert_eq!(
+            tower_sqlite_retry::__private::hold_fsync(&writes, true),
+            shared,
+            "{what}"
+        );
         let mut tx = writes.begin().await.unwrap();
         let inside: i64 = sqlx::query_scalar("SELECT synchronous FROM pragma_synchronous")
             .fetch_one(&mut *tx)
@@ -257,7 +261,7 @@ async fn the_writer_connection_runs_at_normal_only_while_the_fsync_is_shared() {
         let expected = if shared { 1 } else { level as i64 };
         assert_eq!(inside, expected, "{what}: the fsync shared");
         let commit = tokio::spawn(tx.commit());
-        writes.hold_fsync(false);
+        tower_sqlite_retry::__private::hold_fsync(&writes, false);
         commit.await.unwrap().unwrap();
         // And back at the pool's level once alone again.
         assert_eq!(
@@ -344,14 +348,14 @@ async fn a_commit_cancelled_while_it_waits_for_its_fsync_stays_committed() {
     let pool = pool_of(full(&db), Duration::from_secs(30)).await;
     let writes = WritePool::new(pool.clone());
     warm(&writes, "warm").await;
-    writes.hold_fsync(true);
+    tower_sqlite_retry::__private::hold_fsync(&writes, true);
     let commit = commit_in_background(&writes, &pool, "cancelled").await;
     commit.abort();
     assert!(commit.await.unwrap_err().is_cancelled());
     let mut next = writes.begin().await.unwrap();
     insert(&mut next, "next").await.unwrap();
     let next = tokio::spawn(next.commit());
-    writes.hold_fsync(false);
+    tower_sqlite_retry::__private::hold_fsync(&writes, false);
     next.await.unwrap().unwrap();
     assert_eq!(names(&pool, "items").await, ["warm", "cancelled", "next"]);
 }
@@ -388,7 +392,7 @@ async fn a_raw_commit_on_the_transaction_is_refused() {
         let pool = pool_of(full(&db), Duration::from_secs(30)).await;
         let mut writes = WritePool::new(pool.clone());
         if !groups {
-            writes = writes.group_commit(None);
+            writes = writes.group_commit(false);
         }
         warm(&writes, "warm").await;
         // Twice: the first failure closes the writer connection (its transaction state is not
@@ -434,7 +438,7 @@ async fn hook_modes() -> Vec<(String, TestDb, SqlitePool, WritePool)> {
             let pool = pool_of(options, Duration::from_secs(30)).await;
             let mut writes = WritePool::new(pool.clone());
             if !groups {
-                writes = writes.group_commit(None);
+                writes = writes.group_commit(false);
             }
             warm(&writes, "warm").await;
             modes.push((format!("groups {groups}, {level:?}"), db, pool, writes));
@@ -559,7 +563,7 @@ async fn writes_after_the_transaction_was_rolled_back_outside_the_write_path_are
         let pool = pool_of(full(&db), Duration::from_secs(30)).await;
         let mut writes = WritePool::new(pool.clone());
         if !groups {
-            writes = writes.group_commit(None);
+            writes = writes.group_commit(false);
         }
         warm(&writes, "warm").await;
         let mut tx = writes.begin().await.unwrap();
@@ -626,10 +630,10 @@ fn shutdown_child() {
     let writes = WritePool::new(pool.clone());
     runtime.block_on(async {
         warm(&writes, "warm").await;
-        writes.hold_fsync(true);
+        tower_sqlite_retry::__private::hold_fsync(&writes, true);
         commit_in_background(&writes, &pool, "waiting").await;
         // The fsync task starts, and the runtime goes away under it.
-        writes.hold_fsync(false);
+        tower_sqlite_retry::__private::hold_fsync(&writes, false);
     });
     drop(runtime);
     // Outside any runtime now: a commit here syncs for itself.
@@ -777,7 +781,7 @@ async fn a_trigger_rollback_fails_only_its_own_request() {
 async fn a_commit_waiting_for_its_fsync_past_the_deadline_is_answered_committed() {
     let deadline = Duration::from_millis(300);
     let s = served(RetryPolicy::default().deadline(deadline)).await;
-    s.app.writes.hold_fsync(true);
+    tower_sqlite_retry::__private::hold_fsync(&s.app.writes, true);
     let started = std::time::Instant::now();
     let client = s.client.clone();
     let request = tokio::spawn(async move { client.post("/items/late/0", "").await });
@@ -791,7 +795,7 @@ async fn a_commit_waiting_for_its_fsync_past_the_deadline_is_answered_committed(
     })
     .await;
     assert!(!request.is_finished());
-    s.app.writes.hold_fsync(false);
+    tower_sqlite_retry::__private::hold_fsync(&s.app.writes, false);
     let reply = request.await.unwrap();
     assert_eq!(reply.status, StatusCode::CREATED);
     assert_eq!(names(&s.pool, "items").await, ["warm", "late"]);

@@ -1031,7 +1031,7 @@ fn scenario(old_protocol: bool) {
     CURRENT.with(|current| *current.borrow_mut() = Some(Arc::clone(&db)));
     let own = thread_rng().gen_bool(0.5);
     // Group commit, in half the schedules (it needs the writer connection: `own`).
-    let group = (own && thread_rng().gen_bool(0.5)).then(group::GroupCommit::default);
+    let group = own && thread_rng().gen_bool(0.5);
     let writes = WritePool::<Model>::new(Pool(Arc::clone(&db)), own).group_commit(group);
     let scripts: Vec<Script> = (0..3).map(|_| pick()).collect();
     if std::env::var("MODEL_TRACE").is_ok() {
@@ -1114,7 +1114,7 @@ fn scenario(old_protocol: bool) {
                     );
                     assert!(request.is_fenced(), "{scripts:?}: committed, not fenced");
                     assert!(
-                        group.is_none() || db.normal || durable.contains(&row),
+                        !group || db.normal || durable.contains(&row),
                         "{scripts:?}: row {row} committed Ok before an fsync made it durable"
                     );
                 }

@@ -95,7 +95,7 @@ async fn a_slow_transaction_is_warned_at_most_once_a_second_with_its_route() {
     let db = TestDb::new();
     let pool = db.pool(2, Duration::from_secs(5)).await;
     let (capture, _guard) = capture_events();
-    let slow = WritePool::new(pool.clone()).slow_transaction(Some(Duration::from_millis(20)));
+    let slow = WritePool::new(pool.clone()).slow_transaction(Duration::from_millis(20));
     let server = serve(app(slow)).await;
     let client = HttpClient::new(server.addr);
     for id in 0..5 {
@@ -139,7 +139,7 @@ async fn a_slow_transaction_is_warned_at_most_once_a_second_with_its_route() {
     // The same transactions with no threshold: no WARN.
     drop(server);
     let before = capture.events.lock().unwrap().len();
-    let quiet = WritePool::new(pool).slow_transaction(None);
+    let quiet = WritePool::new(pool).no_slow_transaction_report();
     let server = serve(app(quiet)).await;
     let reply = HttpClient::new(server.addr).post("/items/30/6", "").await;
     assert_eq!(reply.status, StatusCode::CREATED);

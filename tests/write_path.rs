@@ -594,7 +594,7 @@ async fn a_handler_that_panics_gives_the_turn_back() {
 
 /// Writes begin on the write path's own writer connections: with every connection of the
 /// application's pool held by readers, a write transaction still begins and commits. With
-/// `writer_connection(false)` (writes take the application pool's connections, as before) the
+/// `writer(WriterConnection::FromPool)` (writes take the application pool's connections, as before) the
 /// same write waits for a pooled connection until the pool's `acquire_timeout`.
 #[tokio::test]
 async fn readers_holding_every_pooled_connection_do_not_block_a_write() {
@@ -612,7 +612,7 @@ async fn readers_holding_every_pooled_connection_do_not_block_a_write() {
     assert_eq!(seq, 1);
     assert!(
         matches!(shared.begin().await, Err(sqlx::Error::PoolTimedOut)),
-        "with writer_connection(false), a write needs a pooled connection"
+        "with writer(WriterConnection::FromPool), a write needs a pooled connection"
     );
 
     drop(readers);

@@ -1,7 +1,7 @@
 //! The read limit (`SqliteRetryLayer::limit_reads_while_writers_wait`, `ReadLimit`): while a writer waits for a write
 //! turn, at most `n` `GET`/`HEAD` handlers under the layer run at once; a read held back runs
 //! anyway after its `max_wait`; writes, and reads while no writer waits, are never held back.
-//! On by default (one read per core); `without_read_limit()` turns it off.
+//! On by default (one read per core); `no_read_limit()` turns it off.
 //!
 //! Real SQLite files, real `WritePool`s, real HTTP over loopback. Every wait is made by a
 //! transaction or a handler the test holds (a writer waits behind a transaction the test keeps
@@ -271,7 +271,7 @@ async fn by_default_reads_are_held_back_to_one_per_core_while_writers_wait() {
     reads.push(spawn_get(client, "/read"));
     poll_until("the held-back read in", async || app.entered() == cores + 1).await;
     assert!(
-        sent.elapsed() >= ReadLimit::default().wait(),
+        sent.elapsed() >= Duration::from_millis(10), // the default `ReadLimit::max_wait`
         "the read got in after {:?}: it was not held back",
         sent.elapsed()
     );
@@ -287,7 +287,7 @@ async fn by_default_reads_are_held_back_to_one_per_core_while_writers_wait() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_read_limit_reads_run_freely_while_writers_wait() {
-    let case = Case::new(SqliteRetryLayer::default().without_read_limit()).await;
+    let case = Case::new(SqliteRetryLayer::default().no_read_limit()).await;
     let (app, client) = (&case.app, &case.client);
     let (held, writer) = waiting_writer(app, 1).await;
 

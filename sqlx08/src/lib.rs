@@ -100,10 +100,9 @@ use std::borrow::Cow;
 
 use sqlx_core::Error;
 use sqlx_sqlite::{SqliteConnection, SqlitePool};
-use tower_sqlite_retry::write::GroupCommit;
 /// Which connection write transactions begin on (the same type as the sqlx 0.9 `WritePool`'s).
 pub use tower_sqlite_retry::write::WriterConnection;
-use tower_sqlite_retry::write::shared;
+use tower_sqlite_retry::__private as shared;
 
 /// sqlx 0.8's SQLite driver, as the write path of `tower-sqlite-retry` uses it: everything
 /// else (the turn, the transaction's lifecycle, the drop protocol) is that crate's one
@@ -147,16 +146,16 @@ impl WritePool {
         }
     }
 
-    /// Group commit (on by default; `None`: off): each write transaction commits on its own,
+    /// Group commit (on by default; `false`: off): each write transaction commits on its own,
     /// and those that commit while an fsync of the WAL runs share the next one (in WAL mode at
     /// `synchronous = FULL`; nothing changes otherwise); a `commit()` is `Ok` only once an
     /// fsync that started after its `COMMIT` completed. As
     /// `tower_sqlite_retry::WritePool::group_commit`: see there. (sqlx 0.8 has no commit hook:
     /// a statement run after a raw `COMMIT`/`ROLLBACK` on a transaction, or after a trigger's
     /// `RAISE(ROLLBACK)`, is not refused here, as it is with sqlx 0.9.)
-    pub fn group_commit(self, settings: Option<GroupCommit>) -> Self {
+    pub fn group_commit(self, on: bool) -> Self {
         Self {
-            inner: self.inner.group_commit(settings),
+            inner: self.inner.group_commit(on),
         }
     }
 }
@@ -184,4 +183,15 @@ tower_sqlite_retry::__write_wrappers! {
     sqlite_pool: SqlitePool,
     connection: SqliteConnection,
     error: Error,
+}
+
+/// Not a public API: the test seams of this crate's own tests. May change in any release.
+#[doc(hidden)]
+pub mod __private {
+    /// While `held`, group commit starts no fsync: transactions commit, then wait for it.
+    /// `false` if the pool shares no fsync (group commit off, not WAL, not `FULL`, or before
+    /// its first write transaction).
+    pub fn hold_fsync(pool: &crate::WritePool, held: bool) -> bool {
+        pool.inner.hold_fsync(held)
+    }
 }

@@ -557,7 +557,7 @@ async fn group_commit_shares_the_fsync() {
     let mut warm = writes.begin().await.unwrap();
     insert(&mut warm, 1, "warm").await.unwrap();
     warm.commit().await.unwrap();
-    assert!(writes.hold_fsync(true), "WAL at FULL: the fsync is shared");
+    assert!(tower_sqlite_retry_sqlx08::__private::hold_fsync(&writes, true), "WAL at FULL: the fsync is shared");
     let mut commits = Vec::new();
     for (id, name) in [(2, "a"), (3, "b")] {
         let mut tx = writes.begin().await.unwrap();
@@ -580,7 +580,7 @@ async fn group_commit_shares_the_fsync() {
         commits.iter().all(|c| !c.is_finished()),
         "acknowledged before the fsync"
     );
-    writes.hold_fsync(false);
+    tower_sqlite_retry_sqlx08::__private::hold_fsync(&writes, false);
     for commit in commits {
         commit.await.unwrap().unwrap();
     }

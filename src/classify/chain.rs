@@ -121,12 +121,12 @@ pub fn tag_retryable<B>(response: &mut http::Response<B>, error: &(dyn Error + '
 /// `Some(verdict)` when the link is a database error the tables know (retryable or not),
 /// `None` when it is something else and the walk goes on.
 fn classify_link(error: &(dyn Error + 'static)) -> Option<Option<Retryable>> {
-    if let Some(e) = error.downcast_ref::<crate::DbError>() {
+    if let Some(e) = error.downcast_ref::<super::db_error::DbError>() {
         return Some(e.retryable().cloned());
     }
     #[cfg(feature = "sqlx")]
     if let Some(e) = error.downcast_ref::<::sqlx::Error>() {
-        return Some(super::driver::classify(e));
+        return Some(super::driver::DriverError::retryable(e));
     }
     #[cfg(feature = "sqlx-0_8")]
     if let Some(e) = error.downcast_ref::<sqlx_0_8::Error>() {
@@ -204,24 +204,24 @@ fn sqlx_sqlite_error(error: &(dyn Error + 'static)) -> Option<(i32, String)> {
 #[cfg_attr(feature = "sqlx", doc = "```")]
 #[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
 /// use tower_sqlite_retry::ClassifyError;
-/// use tower_sqlite_retry::classify::DriverErrors;
+/// use tower_sqlite_retry::classify::RetryDriverErrors;
 ///
-/// assert!(DriverErrors.classify_error(&sqlx::Error::PoolTimedOut).is_some());
+/// assert!(RetryDriverErrors.classify_error(&sqlx::Error::PoolTimedOut).is_some());
 /// let boxed: tower::BoxError = Box::new(sqlx::Error::PoolTimedOut);
-/// assert_eq!(DriverErrors.classify_error(&boxed).unwrap().name(), "POOL_TIMED_OUT");
+/// assert_eq!(RetryDriverErrors.classify_error(&boxed).unwrap().name(), "POOL_TIMED_OUT");
 /// let other: tower::BoxError = "not a database error".into();
-/// assert!(DriverErrors.classify_error(&other).is_none());
+/// assert!(RetryDriverErrors.classify_error(&other).is_none());
 /// ```
 #[derive(Clone, Copy, Debug, Default)]
-pub struct DriverErrors;
+pub struct RetryDriverErrors;
 
-impl<E: DriverError> ClassifyError<E> for DriverErrors {
+impl<E: DriverError> ClassifyError<E> for RetryDriverErrors {
     fn classify_error(&self, error: &E) -> Option<Retryable> {
         error.retryable()
     }
 }
 
-impl ClassifyError<tower::BoxError> for DriverErrors {
+impl ClassifyError<tower::BoxError> for RetryDriverErrors {
     fn classify_error(&self, error: &tower::BoxError) -> Option<Retryable> {
         classify_error_chain(error.as_ref())
     }

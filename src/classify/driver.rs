@@ -1,5 +1,4 @@
-//! One way to ask any driver's error what it means: the sealed [`DriverError`] trait, and the
-//! [`classify`] and [`is_constraint_violation`] functions over it.
+//! One way to ask any driver's error what it means: the sealed [`DriverError`] trait.
 //!
 //! Each binding (`sqlx.rs`, `sqlx08.rs`, `rusqlite.rs`, `libsql.rs`) implements the trait for
 //! its driver's error by turning it into a [`Coded`](super::Coded): the tables decide.
@@ -38,7 +37,31 @@ pub(super) use sealed::Sealed;
 pub trait DriverError: Sealed {
     /// `Some` with the marker to insert into the response extensions when a replay of the
     /// whole request can cure the error (`SQLITE_BUSY` and its kin, a serialization failure,
-    /// a deadlock victim, a pool time-out); `None` when a replay would only repeat it.
+    /// a deadlock victim, a pool time-out); `None` when a replay would only repeat it
+    /// (constraints, I/O, corruption, same-connection locks, ...).
+    ///
+    /// The error's database decides which table applies: SQLite's always, PostgreSQL's with
+    /// the `postgres` feature, MySQL's with `mysql`. An error from a database whose feature is
+    /// off is never retryable. Whatever the database, sqlx's `PoolTimedOut` is retryable;
+    /// `PoolClosed`, `WorkerCrashed`, `Io`, `Tls`, `Protocol`, `RowNotFound`, decoding errors
+    /// are not.
+    ///
+    /// A service that also wants PostgreSQL's `55P03` lock_not_available replayed (see
+    /// [`classify_postgres_code`](super::classify_postgres_code) for why it is not by
+    /// default):
+    ///
+    #[cfg_attr(feature = "sqlx", doc = "```")]
+    #[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
+    /// use tower_sqlite_retry::{DriverError, Retryable};
+    ///
+    /// fn retryable_with_lock_timeouts(e: &sqlx::Error) -> Option<Retryable> {
+    ///     e.retryable().or_else(|| {
+    ///         let code = e.as_database_error()?.code()?;
+    ///         (code == "55P03").then(|| Retryable::new("55P03", "lock_not_available"))
+    ///     })
+    /// }
+    /// # assert!(retryable_with_lock_timeouts(&sqlx::Error::PoolTimedOut).is_some());
+    /// ```
     fn retryable(&self) -> Option<Retryable>;
 
     /// Whether the error is a constraint violation (unique, primary key, foreign key,
@@ -58,53 +81,4 @@ pub trait DriverError: Sealed {
     /// `ER_LOCK_DEADLOCK`); `None` when there is no code, or its database's table is not
     /// compiled in.
     fn code_name(&self) -> Option<&'static str>;
-}
-
-/// Whether a driver's error is worth replaying the whole request for, and why: the marker to
-/// insert into the response extensions, or `None` for errors that a replay would only repeat
-/// (constraints, I/O, corruption, same-connection locks, ...). The same as
-/// [`DriverError::retryable`].
-///
-/// The error's database decides which table applies: SQLite's always, PostgreSQL's with the
-/// `postgres` feature, MySQL's with `mysql`. An error from a database whose feature is off is
-/// never retryable. Whatever the database, sqlx's `PoolTimedOut` is retryable; `PoolClosed`,
-/// `WorkerCrashed`, `Io`, `Tls`, `Protocol`, `RowNotFound`, decoding errors are not.
-///
-#[cfg_attr(feature = "sqlx", doc = "```")]
-#[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
-/// use tower_sqlite_retry::classify;
-///
-/// let marker = classify(&sqlx::Error::PoolTimedOut).unwrap();
-/// assert_eq!(marker.name(), "POOL_TIMED_OUT");
-/// assert!(classify(&sqlx::Error::RowNotFound).is_none());
-/// ```
-///
-/// A service that also wants PostgreSQL's `55P03` lock_not_available replayed (see
-/// [`classify_postgres_code`](super::classify_postgres_code) for why it is not by default):
-///
-#[cfg_attr(feature = "sqlx", doc = "```")]
-#[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
-/// use tower_sqlite_retry::{Retryable, classify};
-///
-/// fn classify_with_lock_timeouts(e: &sqlx::Error) -> Option<Retryable> {
-///     classify(e).or_else(|| {
-///         let code = e.as_database_error()?.code()?;
-///         (code == "55P03").then(|| Retryable::new("55P03", "lock_not_available"))
-///     })
-/// }
-/// # assert!(classify_with_lock_timeouts(&sqlx::Error::PoolTimedOut).is_some());
-/// ```
-pub fn classify<E: DriverError + ?Sized>(error: &E) -> Option<Retryable> {
-    error.retryable()
-}
-
-/// Whether a driver's error is a constraint violation: [`DriverError::is_constraint_violation`].
-///
-#[cfg_attr(feature = "sqlx", doc = "```")]
-#[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
-/// # use tower_sqlite_retry::classify::is_constraint_violation;
-/// assert!(!is_constraint_violation(&sqlx::Error::PoolTimedOut));
-/// ```
-pub fn is_constraint_violation<E: DriverError + ?Sized>(error: &E) -> bool {
-    error.is_constraint_violation()
 }

@@ -14,7 +14,7 @@
 
 use super::coded::{Backend, Coded};
 use super::driver::DriverError;
-use super::marker::{ClassifyError, Constraint, Detail, Retryable};
+use super::marker::{Constraint, Detail, Retryable};
 use super::sqlite_binding::sqlite_binding;
 
 /// The SQLite code of a libsql error, if it carries one.
@@ -32,8 +32,4 @@ fn coded(error: &libsql::Error) -> Option<Coded<'_>> {
 
 sqlite_binding! {
     driver: libsql,
-    feature: "libsql",
-    classify: classify_libsql,
-    is_constraint_violation: is_constraint_violation_libsql,
-    classifier: LibsqlErrors,
 }

@@ -28,7 +28,7 @@ use std::fmt;
 ///         match self {
 ///             AppError::Db(e) => {
 ///                 let mut res = StatusCode::SERVICE_UNAVAILABLE.into_response();
-///                 if let Some(marker) = tower_sqlite_retry::classify(&e) {
+///                 if let Some(marker) = tower_sqlite_retry::DriverError::retryable(&e) {
 ///                     res.extensions_mut().insert(marker);
 ///                 }
 ///                 res
@@ -132,7 +132,7 @@ pub(crate) struct Detail {
 /// instead.
 ///
 /// Implemented for closures `Fn(&E) -> Option<Retryable>`, and by [`NeverRetryErrors`]
-/// (the default) and [`DriverErrors`](crate::classify::DriverErrors) (any driver's error, or
+/// (the default) and [`RetryDriverErrors`](crate::classify::RetryDriverErrors) (any driver's error, or
 /// one boxed in a service's error).
 pub trait ClassifyError<E> {
     /// `Some` to replay, with the reason; `None` to return the error.

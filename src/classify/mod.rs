@@ -100,7 +100,7 @@
 //! four digits, so that another driver's numeric codes are never read as SQLite's. The tests
 //! pin that shape on real errors of sqlx 0.8 and 0.9.
 
-// Layout: this file holds the marker, the error classifiers (`NeverRetryErrors`, `SqlxErrors`)
+// Layout: this file holds the marker, the error classifiers (`NeverRetryErrors`, `RetryDriverErrors`)
 // and the dispatch: every binding turns its driver's error into a `Coded` (which database,
 // which code, the message) and the tables decide on that. The tables need no driver:
 // `sqlite` (shared by every SQLite binding), `postgres`, `mysql`. The bindings, each behind
@@ -110,6 +110,7 @@
 mod chain;
 #[cfg(driver)]
 mod coded;
+pub(crate) mod db_error;
 mod driver;
 #[cfg(feature = "libsql")]
 mod libsql;
@@ -129,11 +130,8 @@ mod sqlx;
 #[cfg(feature = "sqlx-0_8")]
 mod sqlx08;
 
-pub use self::chain::{DriverErrors, classify_error_chain, tag_retryable};
-pub use self::driver::{DriverError, classify, is_constraint_violation};
-#[cfg(feature = "libsql")]
-#[allow(deprecated)]
-pub use self::libsql::{LibsqlErrors, classify_libsql, is_constraint_violation_libsql};
+pub use self::chain::{RetryDriverErrors, classify_error_chain, tag_retryable};
+pub use self::driver::DriverError;
 pub use self::marker::{ClassifyError, NeverRetryErrors, Retryable};
 #[cfg_attr(
     not(driver),
@@ -145,13 +143,7 @@ pub use self::marker::{ClassifyError, NeverRetryErrors, Retryable};
 pub(crate) use self::marker::{Constraint, Detail};
 pub use self::mysql::{classify_mysql_code, mysql_code_name};
 pub use self::postgres::{classify_postgres_code, postgres_code_name};
-#[cfg(feature = "rusqlite")]
-#[allow(deprecated)]
-pub use self::rusqlite::{RusqliteErrors, classify_rusqlite, is_constraint_violation_rusqlite};
 pub use self::sqlite::{classify_sqlite_code, sqlite_code_name};
-#[cfg(feature = "sqlx-0_8")]
-#[allow(deprecated)]
-pub use self::sqlx08::{classify_sqlx_0_8, is_constraint_violation_sqlx_0_8};
 
 #[cfg(feature = "libsql")]
 pub(crate) use self::libsql::constraint as libsql_constraint;
@@ -185,48 +177,4 @@ pub(crate) fn database_detail(
     }
     let _ = error;
     None
-}
-
-/// An error classifier for services whose error is, or boxes, a sqlx error (0.9 or 0.8):
-/// deprecated, use [`DriverErrors`], one classifier for every driver (it also finds the
-/// driver's error anywhere in a boxed error's `source()` chain).
-#[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "sqlx", feature = "sqlx-0_8"))))]
-#[derive(Clone, Copy, Debug, Default)]
-#[deprecated(
-    since = "0.1.0",
-    note = "use `classify::DriverErrors`: one classifier for every driver"
-)]
-pub struct SqlxErrors;
-
-#[cfg(feature = "sqlx")]
-#[allow(deprecated)]
-impl ClassifyError<::sqlx::Error> for SqlxErrors {
-    fn classify_error(&self, error: &::sqlx::Error) -> Option<Retryable> {
-        error.retryable()
-    }
-}
-
-#[cfg(feature = "sqlx-0_8")]
-#[allow(deprecated)]
-impl ClassifyError<sqlx_0_8::Error> for SqlxErrors {
-    fn classify_error(&self, error: &sqlx_0_8::Error) -> Option<Retryable> {
-        error.retryable()
-    }
-}
-
-#[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]
-#[allow(deprecated)]
-impl ClassifyError<tower::BoxError> for SqlxErrors {
-    fn classify_error(&self, error: &tower::BoxError) -> Option<Retryable> {
-        #[cfg(feature = "sqlx")]
-        if let Some(error) = error.downcast_ref::<::sqlx::Error>() {
-            return error.retryable();
-        }
-        #[cfg(feature = "sqlx-0_8")]
-        if let Some(error) = error.downcast_ref::<sqlx_0_8::Error>() {
-            return error.retryable();
-        }
-        None
-    }
 }

@@ -16,7 +16,7 @@
 
 use super::coded::{Backend, Coded};
 use super::driver::DriverError;
-use super::marker::{ClassifyError, Constraint, Detail, Retryable};
+use super::marker::{Constraint, Detail, Retryable};
 use super::sqlite_binding::sqlite_binding;
 
 /// The SQLite code of a rusqlite error, if it carries one.
@@ -32,8 +32,4 @@ fn coded(error: &rusqlite::Error) -> Option<Coded<'_>> {
 
 sqlite_binding! {
     driver: rusqlite,
-    feature: "rusqlite",
-    classify: classify_rusqlite,
-    is_constraint_violation: is_constraint_violation_rusqlite,
-    classifier: RusqliteErrors,
 }

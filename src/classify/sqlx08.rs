@@ -18,28 +18,6 @@ use super::coded::{Backend, Coded};
 use super::marker::{Constraint, Retryable};
 use super::sqlite::sqlx_sqlite_code;
 
-/// Whether a sqlx 0.8 error is worth replaying the whole request for: deprecated, the same as
-/// [`classify`](fn@crate::classify) (and [`DriverError::retryable`](super::DriverError::retryable)), one function for every driver.
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlx-0_8")))]
-#[deprecated(
-    since = "0.1.0",
-    note = "use `tower_sqlite_retry::classify` (or `DriverError::retryable`): one function for every driver"
-)]
-pub fn classify_sqlx_0_8(error: &sqlx::Error) -> Option<Retryable> {
-    classify_error(error)
-}
-
-/// Whether a sqlx 0.8 error is a constraint violation: deprecated, the same as
-/// [`DriverError::is_constraint_violation`](super::DriverError::is_constraint_violation).
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlx-0_8")))]
-#[deprecated(
-    since = "0.1.0",
-    note = "use `DriverError::is_constraint_violation` (or `classify::is_constraint_violation`): one for every driver"
-)]
-pub fn is_constraint_violation_sqlx_0_8(error: &sqlx::Error) -> bool {
-    constraint_of(error).is_some()
-}
-
 /// The kind of constraint sqlx's `ErrorKind` says, for a database whose table is not compiled
 /// in (its feature is off).
 fn kind_constraint(kind: ErrorKind) -> Option<Constraint> {

@@ -6,8 +6,7 @@
 #[cfg(any(feature = "sqlx", feature = "sqlx-0_8"))]
 macro_rules! sqlx_binding {
     () => {
-        /// Whether a sqlx error is worth a replay (the body of `classify` and
-        /// `classify_sqlx_0_8`).
+        /// Whether a sqlx error is worth a replay (the body of `DriverError::retryable`).
         fn classify_error(error: &sqlx::Error) -> Option<Retryable> {
             match error {
                 sqlx::Error::PoolTimedOut => Some(super::marker::pool_timed_out()),

@@ -6,8 +6,8 @@ use std::fmt;
 
 use crate::classify::Retryable;
 
-/// The error a write transaction's `commit()` fails with when group commit (see
-/// [`GroupCommit`](super::GroupCommit)) shared the fsync and the WAL could not be made durable
+/// The error a write transaction's `commit()` fails with when group commit (the
+/// `WritePool`'s, on by default) shared the fsync and the WAL could not be made durable
 /// for it: the fsync it waited for failed, the WAL was no longer at its path, or an earlier
 /// sync of the WAL failed (then group commit stopped for the pool: see the write path's docs,
 /// "When the disk refuses a write"). The transaction's `COMMIT` went through, but it is not

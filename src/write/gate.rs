@@ -23,7 +23,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// What the writer connection's commit hook asks: whether the write path is committing now.
-/// Not a public API (see `write::shared`).
+/// Not a public API (see `crate::__private`).
 #[derive(Debug, Default)]
 pub struct CommitGate {
     /// The write path sent its `COMMIT`: one commit may go through.

@@ -41,11 +41,10 @@
 //! fsyncs itself, with no hand-off (`level_for`); the writer connection's level changes only
 //! when the load does.
 
-use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::oneshot;
 
@@ -53,70 +52,6 @@ use super::driver::Driver;
 use super::failed::GroupCommitFailed;
 use super::turn::Queue;
 use super::wal::{SyncError, Wal};
-
-/// Group commit's settings. See [`WritePool::group_commit`](crate::write) (feature
-/// `sqlite-write`).
-///
-/// ```
-/// use tower_sqlite_retry::write::GroupCommit;
-///
-/// let settings = GroupCommit::default();
-/// assert_eq!(settings, GroupCommit::default());
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GroupCommit {
-    max_members: NonZeroUsize,
-    max_held: Duration,
-}
-
-impl Default for GroupCommit {
-    fn default() -> Self {
-        Self {
-            max_members: NonZeroUsize::new(64).expect("non-zero"),
-            max_held: Duration::from_millis(10),
-        }
-    }
-}
-
-impl GroupCommit {
-    /// Has no effect: a group is the transactions that committed while an fsync ran, however
-    /// many (each commits on its own; only the fsync is shared).
-    #[deprecated(
-        since = "0.1.0",
-        note = "no effect: each transaction commits on its own and only the fsync is shared; \
-                use `GroupCommit::default()`"
-    )]
-    pub fn max_members(mut self, n: NonZeroUsize) -> Self {
-        self.max_members = n;
-        self
-    }
-
-    /// Has no effect: no transaction waits for another's work, only for an fsync that is
-    /// running or starts at once.
-    #[deprecated(
-        since = "0.1.0",
-        note = "no effect: no transaction waits for another's work, only for an fsync; use \
-                `GroupCommit::default()`"
-    )]
-    pub fn max_held(mut self, held: Duration) -> Self {
-        self.max_held = held;
-        self
-    }
-
-    /// The value given to the deprecated [`max_members`](Self::max_members).
-    #[doc(hidden)]
-    #[deprecated(since = "0.1.0", note = "no effect")]
-    pub fn get_max_members(&self) -> NonZeroUsize {
-        self.max_members
-    }
-
-    /// The value given to the deprecated [`max_held`](Self::max_held).
-    #[doc(hidden)]
-    #[deprecated(since = "0.1.0", note = "no effect")]
-    pub fn get_max_held(&self) -> Duration {
-        self.max_held
-    }
-}
 
 /// The shared fsync of one writer connection's WAL: transactions committed at `NORMAL` wait
 /// here for an fsync that started after their `COMMIT` returned.

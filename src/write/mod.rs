@@ -259,7 +259,7 @@
 //!   [`max_wait`](crate::policy::ReadLimit::max_wait), 10 ms, then runs anyway). It trades
 //!   reads for writes: with group commit, 64 writers and 16 readers (`wrk`, `FULL`), writes
 //!   went from 0.88–1.91× those of `BEGIN IMMEDIATE` to 1.00–2.33×, reads from 18.6–31.9× to
-//!   12.4–14.2×. [`without_read_limit`](crate::SqliteRetryLayer::without_read_limit) turns it
+//!   12.4–14.2×. [`no_read_limit`](crate::SqliteRetryLayer::no_read_limit) turns it
 //!   off, [`limit_reads_while_writers_wait`](crate::SqliteRetryLayer::limit_reads_while_writers_wait)
 //!   sets another; a service without the write path never meets it.
 //!
@@ -500,16 +500,13 @@ mod wrappers;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite-write")))]
 pub use self::sqlx::{WritePool, WriteTransaction};
 pub use failed::GroupCommitFailed;
-pub use group::GroupCommit;
 pub use pool::WriterConnection;
 pub use queue::{TurnError, WriteQueue, WriteTurn};
 pub use stats::WriteStats;
 
 /// The one implementation of the write path, generic over the driver: what
-/// `tower-sqlite-retry-sqlx08` builds sqlx 0.8's `WritePool` on. Not a public API: it may
-/// change in any release.
-#[doc(hidden)]
-pub mod shared {
+/// `tower-sqlite-retry-sqlx08` builds sqlx 0.8's `WritePool` on, through `crate::__private`.
+pub(crate) mod shared {
     pub use super::driver::{
         AUTOCHECKPOINT_SQL, CHECKPOINT_SQL, CHECKPOINTER_BUSY_SQL, DURABILITY_SQL, Driver,
         RESTART_SQL, synchronous_pragma,

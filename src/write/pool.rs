@@ -14,7 +14,7 @@ use tokio::sync::OnceCell;
 use super::checkpoint::Checkpoints;
 use super::driver::Driver;
 use super::gate::CommitGate;
-use super::group::{GroupCommit, Syncs};
+use super::group::Syncs;
 use super::stats::{SLOW_DEFAULT, WriteStats};
 use super::turn::Queue;
 
@@ -49,8 +49,8 @@ pub(super) struct Shared<D: Driver> {
     target: OnceCell<Target<D>>,
     /// A write transaction that holds the turn this long is reported (a WARN).
     pub(super) slow: Option<Duration>,
-    /// Group commit's bounds, when it is on.
-    pub(super) group: Option<GroupCommit>,
+    /// Whether group commit is on (it shares the fsync only where it can: `level_for`).
+    pub(super) group: bool,
 }
 
 /// The database a `WritePool` writes to, as SQLite named it.
@@ -85,10 +85,10 @@ impl<D: Driver> WritePool<D> {
     /// The write path over `pool`, with a writer connection of its own (`own`) or with
     /// connections from `pool`. Opens nothing.
     pub fn new(pool: D::Pool, own: bool) -> Self {
-        Self::build(pool, own, Some(SLOW_DEFAULT), Some(GroupCommit::default()))
+        Self::build(pool, own, Some(SLOW_DEFAULT), true)
     }
 
-    fn build(pool: D::Pool, own: bool, slow: Option<Duration>, group: Option<GroupCommit>) -> Self {
+    fn build(pool: D::Pool, own: bool, slow: Option<Duration>, group: bool) -> Self {
         let opener = own.then(|| D::opener(&pool));
         Self {
             shared: Arc::new(Shared {
@@ -101,7 +101,7 @@ impl<D: Driver> WritePool<D> {
         }
     }
 
-    fn rebuild(&self, own: bool, slow: Option<Duration>, group: Option<GroupCommit>) -> Self {
+    fn rebuild(&self, own: bool, slow: Option<Duration>, group: bool) -> Self {
         Self::build(self.shared.pool.clone(), own, slow, group)
     }
 
@@ -112,14 +112,15 @@ impl<D: Driver> WritePool<D> {
     }
 
     /// The same pool, reporting write transactions that hold the turn `slow` or longer
-    /// (`None`: none).
-    pub fn slow_transaction(self, slow: Option<Duration>) -> Self {
+    /// (`None`: none); the public wrappers split it into `slow_transaction` and
+    /// `no_slow_transaction_report`.
+    pub fn slow_report(self, slow: Option<Duration>) -> Self {
         self.rebuild(self.shared.opener.is_some(), slow, self.shared.group)
     }
 
-    /// The same pool, with group commit (`None`: off).
-    pub fn group_commit(self, settings: Option<GroupCommit>) -> Self {
-        self.rebuild(self.shared.opener.is_some(), self.shared.slow, settings)
+    /// The same pool, with group commit on or off.
+    pub fn group_commit(self, on: bool) -> Self {
+        self.rebuild(self.shared.opener.is_some(), self.shared.slow, on)
     }
 
     /// The turn's counts now, once the first write transaction asked SQLite which database
@@ -128,9 +129,9 @@ impl<D: Driver> WritePool<D> {
         Some(self.shared.target.get()?.queue.stats())
     }
 
-    /// Test seam: while `held`, group commit starts no fsync (transactions commit, and wait for
-    /// it). `false` if this pool shares no fsync (group commit off, not WAL, not `FULL`, or
-    /// before its first write transaction).
+    /// Test seam (`crate::__private::hold_fsync`): while `held`, group commit starts no fsync
+    /// (transactions commit, and wait for it). `false` if this pool shares no fsync (group
+    /// commit off, not WAL, not `FULL`, or before its first write transaction).
     pub fn hold_fsync(&self, held: bool) -> bool {
         match self.shared.target.get().and_then(|t| t.syncs.as_ref()) {
             Some(syncs) => {
@@ -195,7 +196,7 @@ impl<D: Driver> Shared<D> {
                         let (wal, synchronous) = D::durability(&mut conn).await?;
                         // Group commit shares the fsync of a WAL at `FULL` or `EXTRA` (at a
                         // lower level, or with another journal, there is none to share).
-                        let syncs = (self.group.is_some() && wal && synchronous >= 2)
+                        let syncs = (self.group && wal && synchronous >= 2)
                             .then(|| Syncs::new(&file, Arc::clone(&queue), synchronous));
                         if let Some(syncs) = &syncs {
                             // The WAL's descriptor, opened with the writer connection (SQLite

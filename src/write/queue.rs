@@ -43,8 +43,9 @@ impl WriteQueue {
         }
     }
 
-    /// Reports (a WARN, at most one a second per database) a turn held `slow` or longer
-    /// (`None`: never); 250 ms by default. See [`WritePool::slow_transaction`][slow].
+    /// Reports (a WARN, at most one a second per database) a turn held `slow` or longer;
+    /// 250 ms by default ([`no_slow_transaction_report`](Self::no_slow_transaction_report):
+    /// never). See [`WritePool::slow_transaction`][slow].
     ///
     #[cfg_attr(
         feature = "sqlite-write",
@@ -54,8 +55,14 @@ impl WriteQueue {
         not(feature = "sqlite-write"),
         doc = "[slow]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WritePool.html#method.slow_transaction"
     )]
-    pub fn slow_transaction(mut self, slow: Option<Duration>) -> Self {
-        self.slow = slow;
+    pub fn slow_transaction(mut self, slow: Duration) -> Self {
+        self.slow = Some(slow);
+        self
+    }
+
+    /// No report of turns held long (see [`slow_transaction`](Self::slow_transaction)).
+    pub fn no_slow_transaction_report(mut self) -> Self {
+        self.slow = None;
         self
     }
 

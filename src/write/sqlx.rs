@@ -7,7 +7,6 @@ use sqlx_core::sql_str::SqlStr;
 use sqlx_sqlite::{SqliteConnection, SqlitePool};
 
 use super::gate::CommitGate;
-use super::group::GroupCommit;
 use super::pool;
 
 /// sqlx 0.9's SQLite driver, as the write path uses it.
@@ -71,7 +70,7 @@ impl WritePool {
         }
     }
 
-    /// Group commit (on by default; `None`: off): write transactions that commit while an
+    /// Group commit (on by default; `false`: off): write transactions that commit while an
     /// fsync of the WAL runs share the next one, instead of each waiting for its own inside
     /// the write lock.
     ///
@@ -119,15 +118,20 @@ impl WritePool {
     /// sqlx::query("CREATE TABLE t (x)").execute(&mut *tx).await?;
     /// tx.commit().await?; // Ok once durable (alone: its own COMMIT's fsync)
     ///
-    /// let off = WritePool::new(pool).group_commit(None); // every COMMIT fsyncs on its own
+    /// let off = WritePool::new(pool).group_commit(false); // every COMMIT fsyncs on its own
     /// # drop(off);
     /// # Ok(())
     /// # }
     /// ```
-    pub fn group_commit(self, settings: Option<GroupCommit>) -> Self {
+    pub fn group_commit(self, on: bool) -> Self {
         Self {
-            inner: self.inner.group_commit(settings),
+            inner: self.inner.group_commit(on),
         }
+    }
+
+    /// The test seam in `crate::__private`.
+    pub(crate) fn hold_fsync(&self, held: bool) -> bool {
+        self.inner.hold_fsync(held)
     }
 }
 

@@ -19,7 +19,7 @@ macro_rules! __sqlx_driver {
         begin: $begin:expr,
         extra: { $($extra:item)* } $(,)?
     ) => {
-        impl $crate::write::shared::Driver for $driver {
+        impl $crate::__private::Driver for $driver {
             type Connection = ::sqlx_sqlite::SqliteConnection;
             type Pooled = ::sqlx_core::pool::PoolConnection<::sqlx_sqlite::Sqlite>;
             type Pool = ::sqlx_sqlite::SqlitePool;
@@ -93,7 +93,7 @@ macro_rules! __sqlx_driver {
                 conn: &mut ::sqlx_sqlite::SqliteConnection,
             ) -> ::std::result::Result<(bool, u8), ::sqlx_core::Error> {
                 let (mode, level): (String, i64) =
-                    ::sqlx_core::query_as::query_as($crate::write::shared::DURABILITY_SQL)
+                    ::sqlx_core::query_as::query_as($crate::__private::DURABILITY_SQL)
                         .fetch_one(conn)
                         .await?;
                 Ok((
@@ -106,7 +106,7 @@ macro_rules! __sqlx_driver {
                 conn: &mut ::sqlx_sqlite::SqliteConnection,
             ) -> ::std::result::Result<::std::option::Option<u32>, ::sqlx_core::Error> {
                 let pages: i64 =
-                    ::sqlx_core::query_scalar::query_scalar($crate::write::shared::AUTOCHECKPOINT_SQL)
+                    ::sqlx_core::query_scalar::query_scalar($crate::__private::AUTOCHECKPOINT_SQL)
                         .fetch_one(conn)
                         .await?;
                 Ok(u32::try_from(pages).ok())
@@ -116,7 +116,7 @@ macro_rules! __sqlx_driver {
                 pool: &::sqlx_sqlite::SqlitePool,
             ) -> ::std::result::Result<::sqlx_sqlite::SqliteConnection, ::sqlx_core::Error> {
                 let mut conn = Self::detach(Self::acquire(pool).await?);
-                ::sqlx_core::query::query($crate::write::shared::CHECKPOINTER_BUSY_SQL)
+                ::sqlx_core::query::query($crate::__private::CHECKPOINTER_BUSY_SQL)
                     .execute(&mut conn)
                     .await?;
                 Ok(conn)
@@ -127,9 +127,9 @@ macro_rules! __sqlx_driver {
                 restart: bool,
             ) -> ::std::result::Result<(bool, u64, u64), ::sqlx_core::Error> {
                 let sql = if restart {
-                    $crate::write::shared::RESTART_SQL
+                    $crate::__private::RESTART_SQL
                 } else {
-                    $crate::write::shared::CHECKPOINT_SQL
+                    $crate::__private::CHECKPOINT_SQL
                 };
                 let (busy, log, done): (i64, i64, i64) =
                     ::sqlx_core::query_as::query_as(sql).fetch_one(conn).await?;
@@ -144,7 +144,7 @@ macro_rules! __sqlx_driver {
                 conn: &mut ::sqlx_sqlite::SqliteConnection,
                 level: u8,
             ) -> ::std::result::Result<(), ::sqlx_core::Error> {
-                ::sqlx_core::query::query($crate::write::shared::synchronous_pragma(level))
+                ::sqlx_core::query::query($crate::__private::synchronous_pragma(level))
                     .execute(conn)
                     .await
                     .map(drop)
@@ -215,7 +215,7 @@ macro_rules! __sqlx_driver {
             }
 
             fn classify(error: &::sqlx_core::Error) -> ::std::option::Option<$crate::Retryable> {
-                $crate::classify(error)
+                $crate::DriverError::retryable(error)
             }
 
             fn group_failed(failure: $crate::write::GroupCommitFailed) -> ::sqlx_core::Error {
@@ -247,7 +247,7 @@ macro_rules! __write_wrappers {
     ) => {
         $(#[$tx_meta])*
         pub struct $tx {
-            inner: $crate::write::shared::Transaction<$driver>,
+            inner: $crate::__private::Transaction<$driver>,
         }
 
         impl $pool {
@@ -278,38 +278,25 @@ macro_rules! __write_wrappers {
                 }
             }
 
-            /// Deprecated: [`writer`](Self::writer) with `WriterConnection::Own` (`true`) or
-            /// `WriterConnection::FromPool` (`false`).
-            #[deprecated(
-                since = "0.1.0",
-                note = "use `.writer(WriterConnection::Own)` or `.writer(WriterConnection::FromPool)`"
-            )]
-            pub fn writer_connection(self, own: bool) -> Self {
-                self.writer(if own {
-                    $crate::write::WriterConnection::Own
-                } else {
-                    $crate::write::WriterConnection::FromPool
-                })
-            }
-
-            /// Reports write transactions that hold the turn `slow` or longer (`None`: none);
-            /// 250 ms by default. The report is a WARN (target `tower_sqlite_retry`, `slow
-            /// write transaction`) naming the route and method, with the time held and
-            /// waited; at most one a second per database, each saying how many were left out
-            /// since the last. It carries no user data. A transaction that holds the turn has
-            /// every other writer wait as long: this is the database's slow-transaction log.
-            pub fn slow_transaction(self, slow: ::std::option::Option<::std::time::Duration>) -> Self {
+            /// Reports write transactions that hold the turn `slow` or longer; 250 ms by
+            /// default ([`no_slow_transaction_report`](Self::no_slow_transaction_report): none).
+            /// The report is a WARN (target `tower_sqlite_retry`, `slow write transaction`)
+            /// naming the route and method, with the time held and waited; at most one a
+            /// second per database, each saying how many were left out since the last. It
+            /// carries no user data. A transaction that holds the turn has every other writer
+            /// wait as long: this is the database's slow-transaction log.
+            pub fn slow_transaction(self, slow: ::std::time::Duration) -> Self {
                 Self {
-                    inner: self.inner.slow_transaction(slow),
+                    inner: self.inner.slow_report(::std::option::Option::Some(slow)),
                 }
             }
 
-            /// Test seam: while `held`, group commit starts no fsync, and every transaction
-            /// shares it, so that transactions commit and then wait for it. `false` if this
-            /// pool shares no fsync. Not a public API.
-            #[doc(hidden)]
-            pub fn hold_fsync(&self, held: bool) -> bool {
-                self.inner.hold_fsync(held)
+            /// No report of slow write transactions (see
+            /// [`slow_transaction`](Self::slow_transaction)).
+            pub fn no_slow_transaction_report(self) -> Self {
+                Self {
+                    inner: self.inner.slow_report(::std::option::Option::None),
+                }
             }
 
             /// The database's write turn now: writers waiting, transactions, time held; two

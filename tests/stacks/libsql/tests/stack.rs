@@ -15,7 +15,7 @@ use axum::extract::State;
 use axum::routing::post;
 use http::StatusCode;
 use libsql::Connection;
-use tower_sqlite_retry::{DbError, classify};
+use tower_sqlite_retry::{DbError, DriverError};
 
 use harness::{Attempts, Release};
 
@@ -118,7 +118,7 @@ async fn same_connection_busy_is_not_retryable() {
         (*code, message.as_str()),
         (5, "cannot commit transaction - SQL statements in progress")
     );
-    assert_eq!(classify(&err), None);
+    assert_eq!(err.retryable(), None);
     assert_eq!(
         DbError::from(err).status(),
         StatusCode::INTERNAL_SERVER_ERROR

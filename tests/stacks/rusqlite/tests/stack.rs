@@ -19,7 +19,7 @@ use axum::extract::State;
 use axum::routing::post;
 use http::StatusCode;
 use rusqlite::Connection;
-use tower_sqlite_retry::{DbError, classify};
+use tower_sqlite_retry::{DbError, DriverError};
 
 use harness::{Attempts, Release};
 
@@ -142,7 +142,7 @@ fn same_connection_busy_is_not_retryable() {
             (5, message),
             "{then}"
         );
-        assert_eq!(classify(&err), None, "{then}: not contention");
+        assert_eq!(err.retryable(), None, "{then}: not contention");
         assert_eq!(
             DbError::from(err).status(),
             StatusCode::INTERNAL_SERVER_ERROR

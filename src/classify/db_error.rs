@@ -1,4 +1,5 @@
-//! `DbError`: a handler error type that tags retryable failures.
+//! `DbError`: a handler error type that tags retryable failures: a driver's error with the
+//! tables' verdict (here, below the source-chain classifier that reads it).
 
 use std::fmt;
 
@@ -7,8 +8,8 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 
 #[cfg(driver)]
-use crate::classify::Constraint;
-use crate::classify::{Detail, Retryable, database_detail};
+use super::{Constraint, DriverError};
+use super::{Detail, Retryable, database_detail};
 
 /// A handler error for database-backed axum services.
 ///
@@ -19,7 +20,7 @@ use crate::classify::{Detail, Retryable, database_detail};
 ///
 /// | error | status | body |
 /// |---|---|---|
-/// | retryable (`classify`, `classify_sqlx_0_8`, `classify_rusqlite`, `classify_libsql`) | `503 Service Unavailable` and the [`Retryable`] marker that makes the layer replay the request (when the layer gives up it adds `Retry-After`, unless the handler fenced) | `service busy, retry later` |
+/// | retryable ([`DriverError::retryable`](crate::DriverError::retryable)) | `503 Service Unavailable` and the [`Retryable`] marker that makes the layer replay the request (when the layer gives up it adds `Retry-After`, unless the handler fenced) | `service busy, retry later` |
 /// | unique, primary key, foreign key or exclusion violation (a conflict with other rows) | `409 Conflict` | `conflict` |
 /// | NOT NULL or CHECK violation (the request's own content) | `422 Unprocessable Content` | `invalid input` |
 /// | anything else (SQLite's DATATYPE included: the server's own binding) | `500 Internal Server Error` | `internal error` |
@@ -167,50 +168,50 @@ impl DbError {
     }
 }
 
-/// sqlx 0.9: [`classify`](fn@crate::classify), then
+/// sqlx 0.9: [`DriverError::retryable`](crate::DriverError::retryable), then
 /// [`is_constraint_violation`](crate::DriverError::is_constraint_violation).
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 impl From<sqlx::Error> for DbError {
     fn from(error: sqlx::Error) -> Self {
-        let retryable = crate::classify(&error);
-        let constraint = crate::classify::sqlx_constraint(&error);
+        let retryable = error.retryable();
+        let constraint = super::sqlx_constraint(&error);
         Self::classified(retryable, constraint, error)
     }
 }
 
-/// sqlx 0.8: [`classify_sqlx_0_8`](crate::classify_sqlx_0_8), then
-/// [`is_constraint_violation_sqlx_0_8`](crate::is_constraint_violation_sqlx_0_8).
+/// sqlx 0.8: [`DriverError::retryable`](crate::DriverError::retryable), then
+/// [`is_constraint_violation`](crate::DriverError::is_constraint_violation).
 #[cfg(feature = "sqlx-0_8")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx-0_8")))]
 impl From<sqlx_0_8::Error> for DbError {
     fn from(error: sqlx_0_8::Error) -> Self {
-        let retryable = crate::classify(&error);
-        let constraint = crate::classify::sqlx08_constraint(&error);
+        let retryable = error.retryable();
+        let constraint = super::sqlx08_constraint(&error);
         Self::classified(retryable, constraint, error)
     }
 }
 
-/// rusqlite: [`classify_rusqlite`](crate::classify_rusqlite), then
-/// [`is_constraint_violation_rusqlite`](crate::is_constraint_violation_rusqlite).
+/// rusqlite: [`DriverError::retryable`](crate::DriverError::retryable), then
+/// [`is_constraint_violation`](crate::DriverError::is_constraint_violation).
 #[cfg(feature = "rusqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rusqlite")))]
 impl From<rusqlite::Error> for DbError {
     fn from(error: rusqlite::Error) -> Self {
-        let retryable = crate::classify(&error);
-        let constraint = crate::classify::rusqlite_constraint(&error);
+        let retryable = error.retryable();
+        let constraint = super::rusqlite_constraint(&error);
         Self::classified(retryable, constraint, error)
     }
 }
 
-/// libSQL: [`classify_libsql`](crate::classify_libsql), then
-/// [`is_constraint_violation_libsql`](crate::is_constraint_violation_libsql).
+/// libSQL: [`DriverError::retryable`](crate::DriverError::retryable), then
+/// [`is_constraint_violation`](crate::DriverError::is_constraint_violation).
 #[cfg(feature = "libsql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "libsql")))]
 impl From<libsql::Error> for DbError {
     fn from(error: libsql::Error) -> Self {
-        let retryable = crate::classify(&error);
-        let constraint = crate::classify::libsql_constraint(&error);
+        let retryable = error.retryable();
+        let constraint = super::libsql_constraint(&error);
         Self::classified(retryable, constraint, error)
     }
 }
