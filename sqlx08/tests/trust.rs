@@ -1,5 +1,5 @@
 //! The sqlx 0.8 write path as trustworthy as sqlx's own `Transaction`, in every way a handler
-//! ends: the main crate's `tests/write_trust.rs`, against sqlx 0.8's worker. The situations
+//! ends: the main crate's `tests/write/write_trust.rs`, against sqlx 0.8's worker. The situations
 //! are made deterministic the same way: a reader's open transaction in rollback-journal mode
 //! keeps a `COMMIT` waiting, a held `BEGIN IMMEDIATE` keeps a `BEGIN` waiting, a channel says
 //! when a handler reached a point; no wall-clock bound is asserted.

@@ -62,7 +62,7 @@
 //! design kept the limit in a semaphore and paid a lowering back as permits returned; the
 //! lowering and a permit's return ran under different locks, and one interleaving of the two
 //! drained the semaphore for good. `tests/admission_model.rs` model-checks the queue with
-//! `shuttle`, `tests/admission_stress.rs` storms a real server.
+//! `shuttle`, `tests/layer/admission_stress.rs` storms a real server.
 //!
 //! Why not tower's `ConcurrencyLimit`: its limit is fixed and known up front, applies to every
 //! request of the route (reads too, unless the route is split by method), and takes its permit

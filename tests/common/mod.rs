@@ -270,7 +270,7 @@ pub fn is_stale_table(name: &str) -> bool {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Shared by the tests against real database servers (`tests/postgres.rs`, `tests/mysql.rs`).
+// Shared by the tests against real database servers (`tests/layer/postgres.rs`, `tests/layer/mysql.rs`).
 
 /// Replays that come at once: 1 ms base delay, 5 ms cap, full jitter.
 pub fn fast_policy(attempts: u32) -> tower_sqlite_retry::RetryPolicy {
@@ -298,7 +298,7 @@ pub fn record(
     result: &Result<impl Sized, sqlx::Error>,
 ) {
     let code = result.as_ref().err().map(|e| {
-        tower_sqlite_retry::classify(e)
+        tower_sqlite_retry::DriverError::retryable(e)
             .map_or_else(|| format!("other: {e}"), |r| r.code().to_owned())
     });
     calls.lock().unwrap().push((attempt.number(), code));

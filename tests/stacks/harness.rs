@@ -1,4 +1,4 @@
-//! The scenario every stack test runs, whatever the driver (sqlx 0.9 in `tests/stack_sqlx.rs`,
+//! The scenario every stack test runs, whatever the driver (sqlx 0.9 in `tests/layer/stack_sqlx.rs`,
 //! sqlx 0.8 and rusqlite in the packages beside this file): the stack's handler served by axum
 //! over real HTTP on loopback, behind `SqliteRetryLayer`, with a middleware between the two
 //! that records what every attempt answered and, once an attempt was answered with the

@@ -1,4 +1,4 @@
-//! The sqlx scenario, shared by the sqlx 0.9 stack (`tests/stack_sqlx.rs`, main package) and
+//! The sqlx scenario, shared by the sqlx 0.9 stack (`tests/layer/stack_sqlx.rs`, main package) and
 //! the sqlx 0.8 stack (`tests/stacks/sqlx-0_8`): the same source, compiled against whichever
 //! sqlx the including package calls `sqlx`. The including test declares `mod harness` next to
 //! this module.

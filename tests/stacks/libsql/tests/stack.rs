@@ -2,7 +2,7 @@
 //! a real file, served over real HTTP behind the layer. A write while another connection holds
 //! `BEGIN IMMEDIATE` (busy timeout 0) meets `SQLITE_BUSY`, is replayed once the lock is gone,
 //! and succeeds on attempt 2; a unique violation is answered `409` and not replayed. The same
-//! scenario as the main package's `tests/stack_sqlx.rs`: see `../../harness.rs`.
+//! scenario as the main package's `tests/layer/stack_sqlx.rs`: see `../../harness.rs`.
 
 #[path = "../../harness.rs"]
 mod harness;

@@ -2,7 +2,7 @@
 //! handler on a real SQLite file, served over real HTTP behind the layer. A write while another
 //! connection holds `BEGIN IMMEDIATE` (busy timeout 0) meets `SQLITE_BUSY`, is replayed once
 //! the lock is gone, and succeeds on attempt 2; a unique violation is answered `409` and not
-//! replayed. The same scenario as the main package's `tests/stack_sqlx.rs`: see
+//! replayed. The same scenario as the main package's `tests/layer/stack_sqlx.rs`: see
 //! `../../harness.rs`. Besides, the `SQLITE_BUSY` that the connection causes itself (a `COMMIT`,
 //! `SAVEPOINT` or `RELEASE` while its own `INSERT ... RETURNING` is still in progress), made
 //! for real: sqlx never lets two statements run at once on one connection, rusqlite does.

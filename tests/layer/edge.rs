@@ -3,7 +3,7 @@
 //! HTTP/1.1 client where the exact bytes on the wire matter), or on tokio's paused clock where
 //! time is the subject.
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -447,7 +447,7 @@ async fn the_deadline_bounds_the_wait_at_the_replay_gate() {
     // later and waits for the gate: it is answered at its deadline, 1 s after it came in.
     let ms = Duration::from_millis;
     // Writer admission off: this is about the replay gate alone (with it, B would wait for the
-    // route's slot instead; see tests/admission.rs).
+    // route's slot instead; see tests/layer/admission.rs).
     let policy = quick(5).deadline(ms(1000)).admission(Admission::Off);
     let svc = ServiceBuilder::new()
         .layer(SqliteRetryLayer::new(policy))

@@ -10,7 +10,7 @@
 //! and the test, never by sleeps.
 #![cfg(feature = "postgres")]
 
-mod common;
+use crate::common;
 
 use axum::extract::State;
 use axum::response::IntoResponse;

@@ -3,7 +3,7 @@
 //! (a deferred transaction reads, another connection commits a write, the first then writes),
 //! constraint violations, pool time-outs and other errors that are not retryable.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

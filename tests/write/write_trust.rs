@@ -8,7 +8,7 @@
 //! says when a handler reached a point. None asserts a wall-clock bound: where a wait must end
 //! "early", it must end *before the test releases what it waits for*.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -13,7 +13,7 @@
 //! (a raw `COMMIT`/`ROLLBACK`, after a trigger's `RAISE(ROLLBACK)`) are refused; a rollback
 //! fires SQLite's rollback hook.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -602,7 +602,7 @@ fn a_runtime_shut_down_with_a_commit_waiting_for_its_fsync_ends_cleanly() {
     let output = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "a_runtime_shut_down_with_a_commit_waiting_for_its_fsync_ends_cleanly",
+            "write_group::a_runtime_shut_down_with_a_commit_waiting_for_its_fsync_ends_cleanly",
             "--nocapture",
             "--test-threads=1",
         ])

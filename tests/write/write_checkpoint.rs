@@ -10,7 +10,7 @@
 //! checkpointer's DEBUG event, on a current-thread runtime so that the spawned checkpoint
 //! reports to the test's subscriber.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

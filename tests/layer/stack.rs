@@ -31,7 +31,7 @@
 //! carries no replay marker) rather than a dropped future counted `cancelled`. Either place
 //! gives the client the same `500`.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicU32, Ordering};

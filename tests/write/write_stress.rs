@@ -8,7 +8,7 @@
 //! no request answered anything but what its handler chose (no `5xx` the crate caused); and
 //! the file is writable by another connection at once, and intact.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,7 +1,7 @@
 //! Reliability and safety: the retry budget's bound, cancellation over real HTTP, memory
 //! bounds under 200 concurrent uploads, panics, bad input, extremes.
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -5,9 +5,9 @@
 //! `tests/stacks/sqlx_stack.rs`, which the sqlx 0.8 package runs too; rusqlite and libsql run
 //! the same checks through `tests/stacks/harness.rs`.
 
-#[path = "stacks/harness.rs"]
+#[path = "../stacks/harness.rs"]
 mod harness;
-#[path = "stacks/sqlx_stack.rs"]
+#[path = "../stacks/sqlx_stack.rs"]
 mod sqlx_stack;
 
 use std::sync::{Arc, Mutex};

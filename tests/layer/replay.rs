@@ -1,7 +1,7 @@
 //! Replay over real HTTP against real SQLite files: deterministic BUSY and BUSY_SNAPSHOT,
 //! exhaustion, constraints.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

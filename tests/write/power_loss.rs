@@ -1,6 +1,6 @@
 //! Durability under a power loss, on a simulated disk with a volatile write cache.
 //!
-//! `tests/write_crash.rs` kills the process: what it wrote is the kernel's and survives. A power
+//! `tests/write/write_crash.rs` kills the process: what it wrote is the kernel's and survives. A power
 //! loss also drops what the kernel had not written back: only what an fsync made durable is
 //! left. The child processes here run under an `LD_PRELOAD` shim (`tests/power_loss/shim.c`,
 //! built with `cc` at run time; without one the tests print `SKIPPED:` and pass) that keeps,
@@ -26,7 +26,7 @@
 //! `power_loss_child` and `fault_child` then do the child's part (without it they return).
 #![cfg(target_os = "linux")]
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::OpenOptions;
@@ -331,7 +331,7 @@ impl ChildServer {
         let mut command = Command::new(std::env::current_exe().unwrap());
         command
             .args([
-                "power_loss_child",
+                "power_loss::power_loss_child",
                 "--exact",
                 "--nocapture",
                 "--test-threads",
@@ -627,7 +627,7 @@ fn run_fault_child(scenario: &str, shim: &Path) -> Result<String, String> {
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
         .args([
-            "fault_child",
+            "power_loss::fault_child",
             "--exact",
             "--nocapture",
             "--test-threads",

@@ -10,7 +10,7 @@
 //! server has met it (a failed attempt seen), so that no test passes without contention. No
 //! test asserts how long anything took; the cost bound counts attempts per second of lock.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, Write};
 use std::process::{Command, Stdio};
@@ -204,7 +204,7 @@ async fn a_lock_held_by_another_process_is_waited_out() {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "child_process_holding_the_lock",
+            "waiting_out::child_process_holding_the_lock",
             "--nocapture",
             "--quiet",
         ])

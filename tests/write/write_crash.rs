@@ -132,7 +132,7 @@ impl ChildServer {
     fn start(config: &str, path: &Path) -> Self {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([
-                "crash_child",
+                "write_crash::crash_child",
                 "--exact",
                 "--nocapture",
                 "--test-threads",

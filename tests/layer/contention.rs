@@ -3,7 +3,7 @@
 //! default busy timeout. With `RetryPolicy::default()`: zero failures and exactly-once
 //! commits. Without the layer: failures (the control that proves the scenario is real).
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::str::FromStr;
@@ -164,7 +164,7 @@ async fn thirty_two_clients_zero_failures_with_the_layer() {
 }
 
 /// Without the layer, how many requests fail depends on how the machine schedules the clients
-/// (`tests/replay.rs` and `tests/app.rs` show the failure deterministically, with a held lock);
+/// (`tests/layer/replay.rs` and `tests/layer/app.rs` show the failure deterministically, with a held lock);
 /// what never depends on it: a failed request committed nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn without_the_layer_failures_commit_nothing() {

@@ -3,7 +3,7 @@
 //! replayed byte-identical without inflating the buffer count, and a stream reset during a
 //! backoff.
 
-mod common;
+use crate::common;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -14,7 +14,7 @@
 //! `1..=256`.
 #![allow(missing_docs)]
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -8,12 +8,10 @@
 //! metrics (once per process) to these recorders.
 #![cfg(feature = "metrics")]
 
-mod common;
+use crate::common;
 
 // The exporter's setup, as the example app (and the `recorder` module's docs) make it.
-#[path = "../examples/common/prometheus.rs"]
-#[allow(dead_code, reason = "only its builder is used here")]
-mod exporter;
+use crate::prometheus as exporter;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;

@@ -412,7 +412,7 @@ async fn a_request_holding_a_slot_alone_backs_off_as_any_other() {
     let ms = Duration::from_millis;
     // The first failure limits the route; the request holds a slot from its second attempt,
     // but nobody queues behind it: its backoff grows as any request's does (the short one,
-    // while others wait, is tested in tests/waiting_out.rs).
+    // while others wait, is tested in tests/layer/waiting_out.rs).
     assert_eq!(
         total_delay(Admission::Adaptive).await,
         ms(2) + ms(4) + ms(8) + ms(16) + ms(32)

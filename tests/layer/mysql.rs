@@ -10,7 +10,7 @@
 //! the test, never by sleeps.
 #![cfg(feature = "mysql")]
 
-mod common;
+use crate::common;
 
 use axum::Router;
 use axum::extract::State;

@@ -2,7 +2,7 @@
 //! turn per file, the commit fences the request, the turn always goes back, the deadline
 //! bounds the wait, and a writer in another process is waited out.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -440,7 +440,7 @@ async fn a_writer_in_another_process_is_waited_out() {
     let writes = WritePool::new(pool(&db, 2, Duration::ZERO).await);
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
-            "other_process_writer",
+            "write_path::other_process_writer",
             "--exact",
             "--nocapture",
             "--test-threads=1",

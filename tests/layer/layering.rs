@@ -5,7 +5,7 @@
 //! re-exports of its children not counted: a facade sits above what it re-exports), so that a
 //! new import that closes a circle fails here, naming it.
 //!
-//! `TSR_LAYERING_SRC=/path/to/src cargo test --test layering` reads another tree (to see the
+//! `TSR_LAYERING_SRC=/path/to/src cargo test --test layer -- layering::` reads another tree (to see the
 //! test fail on an older one).
 
 use std::collections::{BTreeMap, BTreeSet};

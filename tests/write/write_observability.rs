@@ -6,7 +6,7 @@
 //! reports all run on the thread whose subscriber and recorder the tests install. Waits that
 //! matter are made by a transaction the test holds, never by timing.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
