@@ -3,13 +3,13 @@
 # servers (`--serve`, each in its own process, INFO `fmt()` subscriber, its own fresh file),
 # in interleaved rounds (the configurations' order rotated per round).
 #
-#   bash benches/scripts/wrk-group.sh OUT_DIR
+#   bash loadtest/scripts/wrk-group.sh OUT_DIR
 #
 # Environment (defaults in brackets):
 #   SYNC        normal | full                                  [full]
 #   CONNS       writer connection counts                       ["1 4 64 256"]
 #   READERS     reader connections beside the writers (0: none; a second wrk of GETs) [0]
-#   CONFIGS     configurations (see benches/writepath.rs)      ["immediate layer-write layer-write-group"]
+#   CONFIGS     configurations (see loadtest/src/bin/writepath.rs)      ["immediate layer-write layer-write-group"]
 #   ROUNDS      rounds                                          [3]
 #   DURATION    seconds per cell (after a 1 s warm-up)         [4]
 #   PREP_ROUNDS hashing rounds before each write's transaction [0: no work before it]
@@ -36,7 +36,7 @@ prep=${PREP_ROUNDS:-0}
 idle=${IDLE:-0}
 command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 1; }
 
-. benches/scripts/serve.sh
+. loadtest/scripts/serve.sh
 # BIN: a writepath bench binary built elsewhere (another commit's, for a before/after).
 bin=$(bench_bin)
 if [ -n "${PREP_US:-}" ]; then
@@ -44,8 +44,8 @@ if [ -n "${PREP_US:-}" ]; then
   echo "prep: $PREP_US µs = $prep hashing rounds" >&2
 fi
 
-lua=benches/scripts/put.lua
-reads_lua=benches/scripts/get.lua
+lua=loadtest/scripts/put.lua
+reads_lua=loadtest/scripts/get.lua
 
 non2xx() { sed -n 's/^ *Non-2xx or 3xx responses: *\([0-9]*\).*/\1/p' "$1"; }
 p99() { awk '$1 == "99%" {print $2}' "$1"; }

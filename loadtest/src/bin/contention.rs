@@ -1,10 +1,10 @@
 //! Goodput under write contention: retry strategies against the single-writer limit.
 //!
 //! ```text
-//! cargo bench --bench contention                      # the full sweep (~6 min on 2 cores)
-//! cargo bench --bench contention -- --quick           # a smoke run (~1 min)
-//! cargo bench --bench contention -- --requests 4000 --clients 64 --strategies seed,default
-//! cargo bench --bench contention -- --candidate 'mine:base_ms=5,cap_ms=250,jitter=full,attempts=50,deadline_s=10,gate=1'
+//! cargo run --release -p tower-sqlite-retry-loadtest --bin contention                      # the full sweep (~6 min on 2 cores)
+//! cargo run --release -p tower-sqlite-retry-loadtest --bin contention -- --quick           # a smoke run (~1 min)
+//! cargo run --release -p tower-sqlite-retry-loadtest --bin contention -- --requests 4000 --clients 64 --strategies seed,default
+//! cargo run --release -p tower-sqlite-retry-loadtest --bin contention -- --candidate 'mine:base_ms=5,cap_ms=250,jitter=full,attempts=50,deadline_s=10,gate=1'
 //! ```
 //!
 //! Every cell (one strategy, one client count) gets a fresh SQLite file (WAL,
@@ -49,11 +49,12 @@
 //! `CONTENTION_CLIENTS`, `CONTENTION_POOL_SIZE`, `CONTENTION_REPEAT` as defaults for the flags.
 //!
 //! Writes `contention.json`, `contention.md` and `contention.svg` (goodput and p99 by strategy
-//! and client count) to the output directory. Run by `cargo test --benches` (no `--bench` flag),
+//! and client count) to the output directory. Run with `--smoke`,
 //! it does a tiny smoke run and writes nothing.
 
-#[path = "common/chart.rs"]
+#[path = "../chart.rs"]
 mod chart;
+#[path = "../../../benches/common/mod.rs"]
 mod common;
 
 use std::collections::BTreeMap;
@@ -891,7 +892,7 @@ fn parse_list(v: &str) -> Result<Vec<usize>, String> {
 
 fn parse_args() -> Result<Config, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let real_run = args.iter().any(|a| a == "--bench");
+    let real_run = !args.iter().any(|a| a == "--smoke");
     let quick = args.iter().any(|a| a == "--quick");
     let default_clients = std::env::var("CONTENTION_CLIENTS")
         .ok()
@@ -915,7 +916,7 @@ fn parse_args() -> Result<Config, String> {
         repeat: env_or("CONTENTION_REPEAT", if quick { 1 } else { 5 }),
     };
     if !real_run {
-        // `cargo test --benches`: a smoke run that checks the harness works, and nothing more.
+        // `--smoke`: a tiny run that checks the harness works, and nothing more.
         cfg.requests = 40;
         cfg.clients = vec![8];
         cfg.only = Some(

@@ -4,7 +4,7 @@
 # no reader besides the handler's own read after its commit; the WAL file's size sampled
 # every 100 ms. Prints the peak in bytes and in frames of the database's page size.
 #
-#   bash benches/scripts/wal-peak.sh OUT_DIR
+#   bash loadtest/scripts/wal-peak.sh OUT_DIR
 #
 # Environment: SYNC [full], CONNS [64], DURATION [60], CONFIG [layer-write-group].
 set -euo pipefail
@@ -16,11 +16,11 @@ conns=${CONNS:-64}
 duration=${DURATION:-60}
 config=${CONFIG:-layer-write-group}
 command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 1; }
-. benches/scripts/serve.sh
+. loadtest/scripts/serve.sh
 bin=$(bench_bin)
 dir=$(mktemp -d)
 start_server "$bin" "$dir" "$config" "$sync" 0 || exit 1
-wrk -t 2 -c "$conns" -d "${duration}s" -s benches/scripts/put.lua --latency "http://$addr" \
+wrk -t 2 -c "$conns" -d "${duration}s" -s loadtest/scripts/put.lua --latency "http://$addr" \
   > "$out/wrk.txt" 2>&1 &
 wpid=$!
 peak=0

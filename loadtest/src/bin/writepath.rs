@@ -2,10 +2,10 @@
 //! real client over loopback HTTP/1.1.
 //!
 //! ```text
-//! cargo bench --features sqlite-write --bench writepath                          # all (≈ 12 min)
-//! cargo bench --features sqlite-write --bench writepath -- --quick               # smoke (≈ 50 s)
-//! cargo bench --features sqlite-write --bench writepath -- --rounds 5 --out benches/results/writepath
-//! cargo bench --features sqlite-write --bench writepath -- --replot benches/results/writepath  # the chart again
+//! cargo run --release -p tower-sqlite-retry-loadtest --bin writepath                          # all (≈ 12 min)
+//! cargo run --release -p tower-sqlite-retry-loadtest --bin writepath -- --quick               # smoke (≈ 50 s)
+//! cargo run --release -p tower-sqlite-retry-loadtest --bin writepath -- --rounds 5 --out benches/results/writepath
+//! cargo run --release -p tower-sqlite-retry-loadtest --bin writepath -- --replot benches/results/writepath  # the chart again
 //! ```
 //!
 //! **The handler** is shaped like a CalDAV `PUT`: about `--prep-us` (300) µs of CPU first
@@ -45,8 +45,7 @@
 //! the `writes` load against the connection count); `--replot DIR` draws the SVG again from
 //! the JSON.
 //!
-//! Run by `cargo test --benches` (no `--bench` flag) it does a tiny smoke run and writes
-//! nothing.
+//! With `--smoke` it does a tiny run that checks the harness and writes nothing.
 //!
 //! For investigations: `--turn-stats FILE` (each `layer-write` server appends its write turn's
 //! transactions and mean time held when it stops), `--global-queue-interval N` (the servers'
@@ -79,7 +78,7 @@ use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 use tokio::net::TcpStream;
 use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer, WritePool, WriteTransaction};
 
-#[path = "common/chart.rs"]
+#[path = "../chart.rs"]
 mod chart;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -135,9 +134,10 @@ enum Load {
 #[derive(Debug, Parser)]
 #[command(name = "writepath")]
 struct Args {
-    /// Set by `cargo bench`; without it (`cargo test --benches`) a tiny smoke run.
-    #[arg(long, hide = true)]
-    bench: bool,
+    /// A tiny run that checks the harness end to end and writes nothing (CI's
+    /// `cargo run -p tower-sqlite-retry-loadtest --bin ... -- --smoke`).
+    #[arg(long)]
+    smoke: bool,
     /// Internal: serve this configuration.
     #[arg(long, hide = true)]
     serve: Option<Config>,
@@ -189,7 +189,7 @@ struct Args {
     #[arg(long)]
     prep_rounds: Option<u64>,
     /// Print the hashing rounds that take about `--prep-us` here, and exit (for scripts that
-    /// start the servers themselves: `benches/scripts/wrk-group.sh`, `PREP_US`).
+    /// start the servers themselves: `loadtest/scripts/wrk-group.sh`, `PREP_US`).
     #[arg(long)]
     calibrate: bool,
     /// Objects seeded per collection (reads pick one).
@@ -451,7 +451,7 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
         .try_init();
     let seed_count = args.seed;
     let served = rt.block_on(async move {
-        // A server started on its own (`benches/scripts/wrk-group.sh`) seeds its file.
+        // A server started on its own (`loadtest/scripts/wrk-group.sh`) seeds its file.
         if !path.exists() {
             seed(path, seed_count).await?;
         }
@@ -1106,8 +1106,8 @@ fn main() -> ExitCode {
             Config::LayerWriteShared,
         ];
     }
-    let window = if !args.bench {
-        // `cargo test --benches`: check the harness only.
+    let window = if args.smoke {
+        // `--smoke`: check the harness only.
         args.connections = vec![4];
         args.mixed_connections = vec![4];
         args.split = vec!["2+2".to_owned()];
@@ -1219,7 +1219,7 @@ fn main() -> ExitCode {
     );
     let md = markdown(&cells, &args.configs, &meta);
     println!("{md}");
-    if args.bench
+    if !args.smoke
         && let Some(out) = &args.out
     {
         let written = std::fs::create_dir_all(out)

@@ -3,8 +3,11 @@
 
 # The writepath bench binary: $BIN, or built here.
 bench_bin() {
-  local bin=${BIN:-$(cargo bench --features sqlite-write --bench writepath --no-run 2>&1 \
-    | sed -n 's/.*(\(target\/release\/deps\/writepath-[0-9a-f]*\)).*/\1/p' | tail -1)}
+  local bin=${BIN:-}
+  if [ -z "$bin" ]; then
+    cargo build --release -p tower-sqlite-retry-loadtest --bin writepath >&2 || return 1
+    bin=target/release/writepath
+  fi
   [ -x "$bin" ] || { echo "could not build the writepath bench" >&2; return 1; }
   echo "$bin"
 }

@@ -2,10 +2,10 @@
 //! measured from a real client over loopback HTTP/1.1.
 //!
 //! ```text
-//! cargo bench --bench realclient                                   # everything (≈ 12 min)
-//! cargo bench --bench realclient -- --quick                        # a smoke run (≈ 1 min)
-//! cargo bench --bench realclient -- --loads writes --connections 256 --configs layer,one-writer
-//! cargo bench --bench realclient -- --rounds 7 --out benches/results/realclient-baseline
+//! cargo run --release -p tower-sqlite-retry-loadtest --bin realclient                                   # everything (≈ 12 min)
+//! cargo run --release -p tower-sqlite-retry-loadtest --bin realclient -- --quick                        # a smoke run (≈ 1 min)
+//! cargo run --release -p tower-sqlite-retry-loadtest --bin realclient -- --loads writes --connections 256 --configs layer,one-writer
+//! cargo run --release -p tower-sqlite-retry-loadtest --bin realclient -- --rounds 7 --out benches/results/realclient-baseline
 //! ```
 //!
 //! **Servers.** Every cell (one configuration, one load, one connection count) runs the example
@@ -20,7 +20,7 @@
 //! recipe: admission off, `ConcurrencyLimitLayer(1)` inside on the write route) and
 //! `layer-two-pool` (the default policy on the expert's pools: 8 readers, one writer, the
 //! handler's deferred `BEGIN` unchanged). The app's `immediate` and `layer-write` are accepted
-//! too, but run only when `--configs` names them (`benches/writepath.rs` measures them).
+//! too, but run only when `--configs` names them (`loadtest/src/bin/writepath.rs` measures them).
 //!
 //! **Client.** A closed loop, like `wrk`: `--connections` HTTP/1.1 keep-alive connections
 //! (hyper's client connection, one task each, all connected before the clock starts), each
@@ -71,9 +71,9 @@
 //! a fraction of a second per cell) that checks the harness and integrity, and writes nothing.
 
 #[allow(dead_code)]
-#[path = "../examples/common/app_lib.rs"]
+#[path = "../../../examples/common/app_lib.rs"]
 mod app_lib;
-#[path = "common/chart.rs"]
+#[path = "../chart.rs"]
 mod chart;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -107,9 +107,10 @@ const DEFAULT_SERVER_LOG: &str = "info,tower_sqlite_retry=error";
 #[derive(Debug, Parser)]
 #[command(name = "realclient")]
 struct Args {
-    /// Set by `cargo bench`; without it (`cargo test --benches`) a tiny smoke run.
-    #[arg(long, hide = true)]
-    bench: bool,
+    /// A tiny run that checks the harness end to end and writes nothing (CI's
+    /// `cargo run -p tower-sqlite-retry-loadtest --bin ... -- --smoke`).
+    #[arg(long)]
+    smoke: bool,
     /// Internal: serve this configuration of the example app (the bench's server process).
     #[arg(long, hide = true, value_name = "CONFIG")]
     serve: Option<Config>,
@@ -348,8 +349,8 @@ impl Plan {
                 plan.out = Some(PathBuf::from("target/bench-results/realclient"));
             }
         }
-        if !a.bench {
-            // `cargo test --benches`: checks the harness end to end, writes nothing.
+        if a.smoke {
+            // `--smoke`: checks the harness end to end, writes nothing.
             plan.configs = vec![Config::Bare, Config::OneWriter, Config::Layer];
             plan.loads = vec![Load::Writes, Load::Reads];
             plan.connections = BTreeMap::from([(Load::Writes, vec![4]), (Load::Reads, vec![4])]);
@@ -1442,9 +1443,9 @@ fn run(plan: &Plan) -> Result<bool, BoxError> {
         .filter(|a| a != "--bench")
         .collect();
     let command = if flags.is_empty() {
-        "cargo bench --bench realclient".to_string()
+        "cargo run --release -p tower-sqlite-retry-loadtest --bin realclient".to_string()
     } else {
-        format!("cargo bench --bench realclient -- {}", flags.join(" "))
+        format!("cargo run --release -p tower-sqlite-retry-loadtest --bin realclient -- {}", flags.join(" "))
     };
     let loadavg_start = loadavg();
     eprintln!(
@@ -1453,7 +1454,7 @@ fn run(plan: &Plan) -> Result<bool, BoxError> {
         plan.warmup.as_secs_f64(),
         plan.duration.as_secs_f64(),
         if cfg!(debug_assertions) {
-            " (debug build: use cargo bench for representative numbers)"
+            " (debug build: use --release for representative numbers)"
         } else {
             ""
         },

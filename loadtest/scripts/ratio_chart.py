@@ -1,5 +1,5 @@
 """Draws writes as multiples of BEGIN IMMEDIATE's (same handler, same synchronous, pool of 8)
-from the cells.tsv files that benches/scripts/wrk-group.sh writes: one panel per load, one
+from the cells.tsv files that loadtest/scripts/wrk-group.sh writes: one panel per load, one
 group of bars per writer connection count, a bar per configuration (the median of per-round
 ratios) and a dot per round; optionally a goal line. Used by the results directories'
 chart.py scripts:
