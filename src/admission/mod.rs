@@ -32,7 +32,7 @@
 //!   running a read-then-write transaction: any overlap collides) thus probes ever more
 //!   rarely, while a route whose handler spends most of its time outside the database (or
 //!   runs on PostgreSQL) climbs to the concurrency it can use. Measured on the former
-//!   (BENCHMARKS.md, "Real client"), a controller that tolerated 20–40 % of collisions settled
+//!   (measured in an experiment no longer in BENCHMARKS.md; see its git history), a controller that tolerated 20–40 % of collisions settled
 //!   around five attempts in flight and did worse on every count than a limit of one: a
 //!   replay for every three commits, a quarter more CPU per write, and lower goodput.
 //!

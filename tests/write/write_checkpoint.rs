@@ -221,8 +221,8 @@ async fn without_group_commit_the_writer_connection_checkpoints_as_sqlite_does()
 #[tokio::test]
 async fn at_normal_the_writer_connection_checkpoints_as_sqlite_does() {
     // Nothing to share at `NORMAL`, so nothing is taken over: measured, a background
-    // checkpointer gained nothing there (BENCHMARKS.md, "Checkpoints off the turn at
-    // `NORMAL`").
+    // checkpointer gained nothing there (an experiment in the git history of BENCHMARKS.md,
+    // commit `80535b3`).
     for group_commit in [true, false] {
         let db = TestDb::new();
         let mut writes = write_pool(
