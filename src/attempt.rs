@@ -410,7 +410,7 @@ impl fmt::Display for Outcome {
 /// multiply attempts.
 ///
 /// ```
-/// # use tower_sqlite_retry::{Outcome, RetryOutcome};
+/// # use tower_sqlite_retry::metrics::{Outcome, RetryOutcome};
 /// fn log(res: &http::Response<()>) {
 ///     if let Some(o) = res.extensions().get::<RetryOutcome>() {
 ///         println!("{} attempts, {:?} waiting: {}", o.attempts(), o.total_delay(), o.outcome());

@@ -52,7 +52,7 @@
 //! # let _ = app;
 //! ```
 //!
-//! With an error type of your own, call [`classify`](fn@classify) (any driver's error: [`DriverError`])
+//! With an error type of your own, ask the driver's error ([`DriverError::retryable`])
 //! and insert the [`Retryable`] it returns into your response's extensions, or let
 //! [`tag_retryable`] find the driver's error in your error's `source()` chain. A plain tower
 //! service whose `Error` is not `Infallible` has its errors classified instead
@@ -81,7 +81,7 @@
 //! - [`RetryPolicy`]: attempts, backoff and [`Jitter`], the deadline, the body caps, the replay
 //!   gate, writer admission (a learned limit on the attempts in flight of each route that meets
 //!   contention), an optional retry budget; the rest of the settings in [`policy`].
-//! - Classification: [`classify`](fn@classify) and the sealed [`DriverError`] trait (sqlx 0.9 and 0.8,
+//! - Classification: the sealed [`DriverError`] trait (sqlx 0.9 and 0.8,
 //!   rusqlite, libSQL: whether an error is retryable, a constraint violation, its code and
 //!   name), [`tag_retryable`] and [`classify_error_chain`] for an application's own error
 //!   type, [`ClassifyError`] for service errors; the tables, and the functions that take raw
@@ -123,9 +123,10 @@
 //! checks the list with `cargo-check-external-types`. The minimum supported Rust version is
 //! 1.94 (that of sqlx 0.9), checked in CI; raising it is a minor release.
 //!
-//! The [README] has the rest: where the layer sits among other layers, the SQLite settings to
-//! pair it with, a demonstration under load, the dependency line for each stack, and moving to
-//! PostgreSQL or MySQL.
+//! The [README] has the rest: where the layer sits among other layers, a demonstration under
+//! load and the dependency line for each stack; the repository's `docs/` the write path and the
+//! SQLite settings to pair it with (`docs/write-path.md`), and moving to PostgreSQL or MySQL
+//! (`docs/postgres-mysql.md`).
 //!
 //! [README]: https://github.com/tower-sqlite-retry/tower-sqlite-retry#readme
 #![cfg_attr(docsrs, feature(doc_cfg))]

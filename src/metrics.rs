@@ -165,7 +165,7 @@ impl MetricsSnapshot {
     /// Requests that have an outcome: the sum of the outcome counters.
     ///
     /// ```
-    /// # use tower_sqlite_retry::MetricsSnapshot;
+    /// # use tower_sqlite_retry::metrics::MetricsSnapshot;
     /// let snap = MetricsSnapshot::default();
     /// assert_eq!(snap.requests, snap.finished() + snap.in_flight());
     /// ```

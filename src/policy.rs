@@ -359,7 +359,8 @@ impl RetryPolicy {
     /// queued. The wait counts against the deadline.
     ///
     /// ```
-    /// # use tower_sqlite_retry::{Admission, RetryPolicy};
+    /// # use tower_sqlite_retry::RetryPolicy;
+    /// # use tower_sqlite_retry::policy::Admission;
     /// let policy = RetryPolicy::default().admission(Admission::Off);
     /// assert!(policy.validate().is_ok());
     /// ```

@@ -243,7 +243,7 @@ impl<S> SqliteRetry<S> {
     /// use tower::service_fn;
     /// use tower_sqlite_retry::{RetryPolicy, SqliteRetry};
     ///
-    /// let inner = service_fn(|_req: http::Request<tower_sqlite_retry::ReplayBody<String>>| async {
+    /// let inner = service_fn(|_req: http::Request<tower_sqlite_retry::body::ReplayBody<String>>| async {
     ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
     /// });
     /// let mut service = SqliteRetry::new(inner, RetryPolicy::default());

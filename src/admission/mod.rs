@@ -223,7 +223,7 @@ impl Admissions {
 /// ```
 /// # use tower_sqlite_retry::{RetryPolicy, SqliteRetryLayer};
 /// let layer = SqliteRetryLayer::new(RetryPolicy::default());
-/// for route in layer.admission_limits() {
+/// for route in layer.metrics().admission_limits() {
 ///     println!(
 ///         "{} {}: {} in flight at most, {} now, {} queued",
 ///         route.method(),

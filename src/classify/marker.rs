@@ -11,7 +11,7 @@ use std::fmt;
 /// own error type inserts it with [`tag_retryable`](crate::tag_retryable), which finds the
 /// database error anywhere in the error's `source()` chain (see
 /// [`classify_error_chain`](crate::classify_error_chain)), or inserts the marker that
-/// [`classify`](fn@crate::classify) returns for its driver's error, or a code table such as
+/// [`DriverError::retryable`](crate::DriverError::retryable) returns for its driver's error, or a code table such as
 /// [`classify_sqlite_code`](crate::classify::classify_sqlite_code) for any other binding:
 ///
 #[cfg_attr(feature = "sqlx", doc = "```")]

@@ -71,7 +71,7 @@ use super::marker::{Constraint, Retryable};
 /// commits anyway must not ask for a replay.
 ///
 /// ```
-/// use tower_sqlite_retry::classify_mysql_code;
+/// use tower_sqlite_retry::classify::classify_mysql_code;
 ///
 /// let marker = classify_mysql_code(1213).unwrap();
 /// assert_eq!((marker.code(), marker.name()), ("1213", "ER_LOCK_DEADLOCK"));
@@ -115,7 +115,7 @@ pub(crate) fn mysql_constraint(number: u16, sqlstate: Option<&str>) -> Option<Co
 /// `"UNKNOWN"` when it is not known here.
 ///
 /// ```
-/// # use tower_sqlite_retry::mysql_code_name;
+/// # use tower_sqlite_retry::classify::mysql_code_name;
 /// assert_eq!(mysql_code_name(1205), "ER_LOCK_WAIT_TIMEOUT");
 /// assert_eq!(mysql_code_name(1062), "ER_DUP_ENTRY");
 /// assert_eq!(mysql_code_name(9999), "UNKNOWN");

@@ -38,7 +38,7 @@ use super::marker::{Constraint, Retryable};
 /// | everything else (class `23` constraints, `40002`, `40003`, `57014` query_canceled, `53300` too_many_connections, ...) | no |
 ///
 /// ```
-/// use tower_sqlite_retry::classify_postgres_code;
+/// use tower_sqlite_retry::classify::classify_postgres_code;
 ///
 /// let marker = classify_postgres_code("40001").unwrap();
 /// assert_eq!((marker.code(), marker.name()), ("40001", "serialization_failure"));
@@ -55,7 +55,8 @@ use super::marker::{Constraint, Retryable};
 /// says so itself:
 ///
 /// ```
-/// use tower_sqlite_retry::{Retryable, classify_postgres_code};
+/// use tower_sqlite_retry::Retryable;
+/// use tower_sqlite_retry::classify::classify_postgres_code;
 ///
 /// fn classify_with_lock_timeouts(sqlstate: &str) -> Option<Retryable> {
 ///     classify_postgres_code(sqlstate)
@@ -93,7 +94,7 @@ pub(crate) fn postgres_constraint(sqlstate: &str) -> Option<Constraint> {
 /// `"unknown"`.
 ///
 /// ```
-/// # use tower_sqlite_retry::postgres_code_name;
+/// # use tower_sqlite_retry::classify::postgres_code_name;
 /// assert_eq!(postgres_code_name("40P01"), "deadlock_detected");
 /// assert_eq!(postgres_code_name("23505"), "unique_violation");
 /// assert_eq!(postgres_code_name("23999"), "integrity_constraint_violation");

@@ -75,7 +75,7 @@ pub(crate) const SAME_CONNECTION_BUSY: [&str; 7] = [
 /// For users who hold a raw code rather than a driver's error:
 ///
 /// ```
-/// use tower_sqlite_retry::classify_sqlite_code;
+/// use tower_sqlite_retry::classify::classify_sqlite_code;
 ///
 /// assert_eq!(classify_sqlite_code(517, "").unwrap().name(), "SQLITE_BUSY_SNAPSHOT");
 /// assert!(classify_sqlite_code(6, "database is deadlocked").is_some());
@@ -149,7 +149,7 @@ pub(crate) fn sqlx_sqlite_code(code: &str) -> Option<i32> {
 /// primary code when the extended one is not known here.
 ///
 /// ```
-/// # use tower_sqlite_retry::sqlite_code_name;
+/// # use tower_sqlite_retry::classify::sqlite_code_name;
 /// assert_eq!(sqlite_code_name(5), "SQLITE_BUSY");
 /// assert_eq!(sqlite_code_name(2067), "SQLITE_CONSTRAINT_UNIQUE");
 /// ```

@@ -17,7 +17,7 @@
 //! promises, with the fsync out of the write lock and shared by every transaction that
 //! committed while the previous one ran.
 //!
-//! **Why not one SQLite transaction per group** (what an earlier release did, each member in a
+//! **Why not one SQLite transaction per group** (what an earlier design did, each member in a
 //! `SAVEPOINT`): a group's members then share one fate. Another member's deferred foreign key,
 //! its trigger's `RAISE(ROLLBACK)`, a commit hook's veto, a raw `COMMIT` failed or undid the
 //! innocent ones; and an earlier member's acknowledgement waited for every later member's own

@@ -105,9 +105,8 @@
 //! another request's work, so a lock held across `commit()` or a slow next writer delays
 //! nobody). The request is fenced at its `COMMIT`; the wait for the fsync is not cut by the
 //! deadline (a `COMMIT` under way never is), so a write is never answered as failed when it
-//! committed. An earlier release ran a group's members inside one SQLite transaction (each in
-//! a `SAVEPOINT`) with one `COMMIT`: they then shared one fate, which clients could tell
-//! (`CHANGELOG.md`).
+//! committed. Running a group's members inside one SQLite transaction (each in a `SAVEPOINT`)
+//! with one `COMMIT`, an earlier design, made them share one fate, which clients could tell.
 //!
 //! The one difference, and only on a power loss: a transaction's rows are visible to readers
 //! from its `COMMIT`, up to one fsync before its writer is answered. A power loss in that
@@ -146,8 +145,7 @@
 //! that, a transaction begins at the pool's own level and its `COMMIT` fsyncs in the turn, as
 //! without groups, so a disk that stalls holds writers back instead of letting every one of
 //! them commit (visible to readers) without an answer, for clients to time out on and retry.
-//! The bound is far above what a working disk gathers: BENCHMARKS.md has the largest group
-//! measured under 256 writers.
+//! The bound is far above the groups a working disk gathers under hundreds of writers.
 //!
 //! **Two things SQLite does that group commit does not.** With `psow=0` (a device whose
 //! sector writes may damage the bytes around them), SQLite pads a syncing commit's frames to
@@ -159,8 +157,8 @@
 //! rollback-journal mode, with `writer(WriterConnection::FromPool)`, in memory; nor for a transaction that
 //! begins while no other writer waits and no fsync is under way (an idle service, one client):
 //! it runs at the pool's level and its `COMMIT` fsyncs as without groups, with no hand-off.
-//! Why it is on: measured with `wrk` from its own process at `FULL` (BENCHMARKS.md), several
-//! times the writes of `BEGIN IMMEDIATE`.
+//! Why it is on: at `FULL` the fsync, not the transaction, limits an SQLite database's writes;
+//! sharing it gives more writes than `BEGIN IMMEDIATE` (`BENCHMARKS.md` has the measurement).
 //!
 //! **Checkpoints off the turn.** While the fsync is shared, the writer connection's `COMMIT`
 //! no longer copies the WAL into the database when it crosses `wal_autocheckpoint` (1,000
@@ -173,9 +171,8 @@
 //! for readers still reading the WAL's frames; a longer reader delays the restart to the next
 //! writer or checkpoint. The writer connection's own automatic checkpoint stays as a backstop
 //! at 10,000 pages. A writer alone (its `COMMIT` syncs anyway) checkpoints as SQLite
-//! does. Measured with `wrk`, 64 writers at `FULL`: 1.37× the writes
-//! (2,011 → 2,749 a second, median of seven interleaved rounds), 0.83× the CPU per write. A
-//! connection configured with `wal_autocheckpoint = 0` (the application checkpoints) or above
+//! does. Measured with `wrk` under 64 writers at `FULL`, it gave more writes for less CPU per
+//! write (`BENCHMARKS.md`). A connection configured with `wal_autocheckpoint = 0` (the application checkpoints) or above
 //! the backstop is left as it is; so is a pool without group commit, where it measured worse,
 //! as did a writer alone, and a WAL at `NORMAL`, where it was tried and gained nothing.
 //!
@@ -248,18 +245,13 @@
 //! - **The hand-over.** A `commit()` that leaves writers queued lets the next one run first (its
 //!   task is requeued once behind it) before its own handler goes on: the next writer takes the
 //!   turn and sends its `BEGIN` while the committed handler does its read after the commit or
-//!   writes its response. Before, the turn sat idle for 135–162 µs per transaction on average,
-//!   40–60 % of the time it was held. With 64 writers and 16 readers on two cores, the bench's
-//!   own client at `synchronous = NORMAL` with 300 µs of work before each transaction saw the
-//!   write path without groups go from 0.78–0.92× the writes of `BEGIN IMMEDIATE` to
-//!   0.96–0.98×; `wrk` at `FULL` with no work before measures 0.58× without groups, 0.88–1.91×
-//!   with them (the default) (`BENCHMARKS.md`).
+//!   writes its response. Without it the turn sat idle for a large part of the time it was
+//!   held, between one writer's `COMMIT` and the next one's `BEGIN`.
 //! - **The read limit**, the layer's, on by default: while writers wait for a turn, at most one
 //!   `GET`/`HEAD` handler per core runs under the layer (a read held back waits at most its
 //!   [`max_wait`](crate::policy::ReadLimit::max_wait), 10 ms, then runs anyway). It trades
-//!   reads for writes: with group commit, 64 writers and 16 readers (`wrk`, `FULL`), writes
-//!   went from 0.88–1.91× those of `BEGIN IMMEDIATE` to 1.00–2.33×, reads from 18.6–31.9× to
-//!   12.4–14.2×. [`no_read_limit`](crate::SqliteRetryLayer::no_read_limit) turns it
+//!   reads for writes (`BENCHMARKS.md`, "What happens to the writes beside readers").
+//!   [`no_read_limit`](crate::SqliteRetryLayer::no_read_limit) turns it
 //!   off, [`limit_reads_while_writers_wait`](crate::SqliteRetryLayer::limit_reads_while_writers_wait)
 //!   sets another; a service without the write path never meets it.
 //!

@@ -1,7 +1,7 @@
 //! The WAL as group commit syncs it: the way SQLite's own handle would.
 //!
 //! SQLite syncs its WAL through the descriptor it opened the file with, read-write, for the
-//! connection's whole life. Opening the path afresh for each fsync (what an earlier release did)
+//! connection's whole life. Opening the path afresh for each fsync (what an earlier design did)
 //! differs from that in three ways that matter on a failing or changing disk:
 //!
 //! - **Writeback errors.** Linux reports a failed writeback once to each descriptor that was

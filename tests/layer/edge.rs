@@ -564,7 +564,7 @@ fn queued_write_app(
     layer: Option<&SqliteRetryLayer>,
     entered: mpsc::UnboundedSender<()>,
 ) -> Router {
-    // The README's recipe: one write handler at a time, the layer outside the limit.
+    // The one-writer recipe: one write handler at a time, the layer outside the limit.
     let route = match layer {
         Some(layer) => post(write_handler).layer(
             ServiceBuilder::new()

@@ -1,7 +1,7 @@
 //! Another writer on the file: a request waits it out up to its deadline, at a bounded cost.
 //!
-//! The README's settings, over real HTTP on a real SQLite file: WAL, a busy timeout of 5 s, a
-//! deferred read-then-write handler (its write meets the lock at once: SQLite does not call the
+//! The recommended settings (`docs/write-path.md`, "SQLite settings"), over real HTTP on a
+//! real SQLite file: WAL, a busy timeout of 5 s, a deferred read-then-write handler (its write meets the lock at once: SQLite does not call the
 //! busy handler for a transaction that already read), the default policy. Another connection
 //! holds the write lock (`BEGIN IMMEDIATE` and a write) for 0.3, 1 or 3 s, or another process
 //! holds it until told; the request must answer 201 once it is released.
