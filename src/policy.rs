@@ -280,9 +280,9 @@ impl RetryPolicy {
     /// # Warning: a budget turns contention back into failures
     ///
     /// There is no budget by default. Under SQLite write contention, replays are the cure, not
-    /// extra load: measured with 32 clients × 15 read-then-write POSTs (the crate's contention
-    /// test), `tps_budget(0.2, 10)` let 346 of 480 requests fail (no budget: none), and even
-    /// `tps_budget(2.0, 10)` let 11 fail. The replay gate bounds what replays cost instead.
+    /// extra load: measured with the crate's contention test, even a generous budget let
+    /// requests fail that the layer without a budget answered. The replay gate bounds what
+    /// replays cost instead.
     /// Set a budget where retryable failures mean overload (pool time-outs against a saturated
     /// server), and size it on your own traffic.
     ///
@@ -334,8 +334,8 @@ impl RetryPolicy {
 
     /// The level of the `retrying request` event, one per replay (DEBUG by default).
     ///
-    /// A replay that succeeds is the layer doing its job: at 64 concurrent writers, an event
-    /// per replay at WARN wrote thousands of lines a second. The events that say the layer
+    /// A replay that succeeds is the layer doing its job: under contention, an event per replay
+    /// at WARN floods the logs. The events that say the layer
     /// gave up (`retries exhausted` at ERROR, `not retried` at WARN) keep their levels.
     ///
     /// ```

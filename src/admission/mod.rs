@@ -20,9 +20,8 @@
 //!   growing to `max_delay`. Every request queued behind it waits out its backoff too, and what
 //!   it collided with is a writer outside this queue (another instance of the service, another
 //!   process): a growing delay lets those writers capture the database while this instance's
-//!   queue stalls. Measured on PostgreSQL with three instances (BENCHMARKS.md), the short
-//!   backoff took p99 from 0.28–0.42 s to 0.12–0.16 s and the slowest request from 0.5–0.85 s
-//!   to under 0.3 s, for about twice the replays (still a seventh of those without admission).
+//!   queue stalls. Measured on PostgreSQL with three instances, the short backoff cut p99 and
+//!   the slowest request, for more replays (still far fewer than without admission).
 //! - The limit follows AIMD, as TCP's window and Netflix's `concurrency-limits` do, judged
 //!   every window of four times the limit's worth of admitted attempts (sixteen at least):
 //!   when more than 5 % of them collided, the limit goes down by a quarter (at least one, never
@@ -31,10 +30,10 @@
 //!   is confirmed by a clean window. A route whose best limit is one (a SQLite write route
 //!   running a read-then-write transaction: any overlap collides) thus probes ever more
 //!   rarely, while a route whose handler spends most of its time outside the database (or
-//!   runs on PostgreSQL) climbs to the concurrency it can use. Measured on the former
-//!   (measured in an experiment no longer in BENCHMARKS.md; see its git history), a controller that tolerated 20–40 % of collisions settled
-//!   around five attempts in flight and did worse on every count than a limit of one: a
-//!   replay for every three commits, a quarter more CPU per write, and lower goodput.
+//!   runs on PostgreSQL) climbs to the concurrency it can use. Measured on the former, a
+//!   controller that tolerated many collisions settled above one attempt in flight and did
+//!   worse on every count than a limit of one: more replays, more CPU per write, lower
+//!   goodput.
 //!
 //! # Which requests are admitted
 //!

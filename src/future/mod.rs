@@ -72,8 +72,8 @@ const ADMITTED_BACKOFF_FACTOR: u32 = 4;
 /// colliding with a writer outside the queue that holds on (a migration, a backup, another
 /// process), and backs off as any request does, up to its deadline. Sixteen, not four: on
 /// PostgreSQL with three instances (each one's queue losing to the others now and then) four
-/// let a request back off up to 100 ms while its whole queue waited, p99 296–402 ms against
-/// 169–187 ms with sixteen, interleaved (BENCHMARKS.md); a lock held for a second still costs
+/// let a request back off to `max_delay` while its whole queue waited, for a clearly worse
+/// p99 than sixteen, measured interleaved; a lock held for a second still costs
 /// only about a dozen more attempts.
 const SHORT_BACKOFF_ATTEMPTS: u32 = 16;
 

@@ -9,14 +9,12 @@
 //!
 //! **When**: only while the writer connection's fsync is shared (group commit on, WAL at
 //! `FULL` or `EXTRA`, the defaults; the connection at `NORMAL` because writers are queued).
-//! Measured with `wrk`, 64 writers, seven interleaved rounds (`BENCHMARKS.md`): there, writes
-//! went from 2,011 to 2,749 a second (median) and server CPU per write from 561 to 465 µs.
-//! Where each `COMMIT` syncs in the turn the background checkpoint's fsyncs competed with the
-//! turn's own: group commit off at `FULL`, 1,165 → 927 writes a second; a writer alone (one
-//! connection) lost too. A WAL at `NORMAL` (nothing to share) was tried with the checkpointer
-//! on every writer connection, a writer alone too: the turn's mean time held per transaction
-//! went from 347 to 390 µs (medians of five alternations, 64 writers), and the writes moved
-//! within the rounds' noise (the checkpoint's work is only moved, not saved, and on two cores
+//! Measured with `wrk` under 64 writers: more writes, for less CPU per write. Where each
+//! `COMMIT` syncs in the turn the background checkpoint's fsyncs competed with the turn's own:
+//! group commit off at `FULL`, fewer writes; a writer alone (one connection) lost too. A WAL
+//! at `NORMAL` (nothing to share) was tried with the checkpointer on every writer connection,
+//! a writer alone too: the turn was held longer per transaction, and the writes moved within
+//! the rounds' noise (the checkpoint's work is only moved, not saved, and on two cores
 //! it then runs beside the turn). So those keep SQLite's own schedule: the writer
 //! connection's `wal_autocheckpoint` is switched with its `synchronous` level
 //! ([`pages_at`](Checkpoints::pages_at)), the backstop at `NORMAL`, the database's own
@@ -30,8 +28,7 @@
 //! 1. **Off the turn**: `PRAGMA wal_checkpoint(PASSIVE)` on a connection of its own (opened
 //!    like the writer connection, kept between checkpoints), while writers go on. It copies the bulk of the WAL, but it
 //!    never catches up while writers append, and a WAL that is never caught up never restarts:
-//!    it only grows (measured: up to the backstop, about 41 MB, with a checkpoint running back
-//!    to back).
+//!    it only grows (measured: up to the backstop, with a checkpoint running back to back).
 //! 2. **In the turn**: the checkpointer queues for the turn like a writer, and in it runs
 //!    `PRAGMA wal_checkpoint(RESTART)`, which copies only the frames appended meanwhile (no
 //!    writer of this process appends), waits for the readers still reading the WAL's frames,
@@ -41,10 +38,10 @@
 //! The wait for readers is bounded: the checkpointer's connection waits at most 5 ms for a
 //! lock ([`CHECKPOINTER_BUSY_SQL`](super::driver::CHECKPOINTER_BUSY_SQL)), so a long reader
 //! keeps the WAL from restarting (the next writer restarts it if no reader is left, as SQLite
-//! does; else the next checkpoint tries again) instead of holding every writer back. Measured
-//! (`BENCHMARKS.md`): a passive checkpoint in the turn, which waits for nobody, left the WAL
-//! unrestarted about one cycle in forty with 64 writers whose handlers read after their
-//! commit, and the WAL's file at 2.4 thresholds. Nothing changes for durability: the checkpoint copies only what is already
+//! does; else the next checkpoint tries again) instead of holding every writer back. Measured:
+//! a passive checkpoint in the turn, which waits for nobody, sometimes left the WAL
+//! unrestarted when handlers read after their commit, and its file grew well past the
+//! threshold. Nothing changes for durability: the checkpoint copies only what is already
 //! committed (and synced, at `FULL`), and syncs the database file as SQLite's own would. A
 //! checkpoint that fails is a WARN; one that fails with an I/O error (`SQLITE_IOERR`: a sync
 //! of the WAL or the database refused) stops group commit (`group.rs`).
@@ -95,8 +92,8 @@ pub(super) struct Checkpoints<D: Driver> {
     /// Commits since the last checkpoint started.
     commits: AtomicU64,
     /// WAL frames one commit writes, measured by the last checkpoint, in sixteenths of a frame
-    /// (a CalDAV-shaped write measured 2.76 frames: counted as 2, the WAL went a third past
-    /// the threshold between two checkpoints).
+    /// (rounding a fraction of a frame down let the WAL run well past the threshold between
+    /// two checkpoints).
     per_commit: AtomicU64,
     /// A checkpoint runs.
     running: AtomicBool,

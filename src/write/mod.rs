@@ -10,7 +10,7 @@
 //!   whole request, redoing everything the handler did before and after its transaction;
 //! - `BEGIN IMMEDIATE` takes the write lock first, so it never fails that way; but writers
 //!   waiting for the lock wait *inside* SQLite's busy handler, which polls with sleeps (the
-//!   slowest writer waits over a second under load), and each of them holds a pool connection
+//!   slowest writer waits far longer than any transaction takes), and each of them holds a pool connection
 //!   while it waits, so readers run out of connections.
 //!
 //! [`WritePool`] keeps `BEGIN IMMEDIATE` and moves the wait in front of it: a write transaction
