@@ -1445,7 +1445,10 @@ fn run(plan: &Plan) -> Result<bool, BoxError> {
     let command = if flags.is_empty() {
         "cargo run --release -p tower-sqlite-retry-loadtest --bin realclient".to_string()
     } else {
-        format!("cargo run --release -p tower-sqlite-retry-loadtest --bin realclient -- {}", flags.join(" "))
+        format!(
+            "cargo run --release -p tower-sqlite-retry-loadtest --bin realclient -- {}",
+            flags.join(" ")
+        )
     };
     let loadavg_start = loadavg();
     eprintln!(
