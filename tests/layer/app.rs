@@ -4,9 +4,9 @@
 //! Databases are real files in temporary directories: contention between connections is what
 //! the layer is for, and `sqlite::memory:` gives every connection its own database.
 
-use crate::{app_lib, driver};
 #[cfg(feature = "metrics")]
 use crate::prometheus;
+use crate::{app_lib, driver};
 
 use std::time::Duration;
 
