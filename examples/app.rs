@@ -34,7 +34,7 @@
 //!   the database's write turn now (`waiting`, `held`) and since start (`transactions`,
 //!   `busy_seconds`), from `WritePool::stats()`.
 //! - `GET /metrics`: the layers' metrics in Prometheus' text format (run with
-//!   `--features metrics`; see the crate's `recorder` module: the write path's
+//!   `--features metrics`; see the crate's `metrics::recorder` module: the write path's
 //!   `tower_sqlite_retry_write_wait_seconds`, `_write_held_seconds` and `_write_waiting`
 //!   among them). With `--config layer-write` the app adds, with or without the feature, the
 //!   gauge `tower_sqlite_retry_write_utilization{database="<file name>"}`: the share of the

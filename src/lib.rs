@@ -91,8 +91,8 @@
 //! - Observability: tracing (target `tower_sqlite_retry`, span `sqlite_retry`), the layer's
 //!   counters ([`SqliteRetryLayer::metrics`], [`RetryMetrics`], the rest in [`metrics`]:
 //!   the response extension [`metrics::RetryOutcome`] says how a request ended), and, with the
-//!   `metrics` feature, counters and histograms through the `metrics` facade ([the `recorder`
-//!   module](recorder/index.html)).
+//!   `metrics` feature, counters and histograms through the `metrics` facade ([`metrics::recorder`],
+//!   the metrics' names).
 //! - The write path ([`write`](mod@write)): `WritePool` and `WriteTransaction` (feature `sqlite-write`),
 //!   and the turn on its own for other drivers.
 //!
@@ -139,10 +139,6 @@ mod decide;
 pub mod future;
 pub mod metrics;
 pub mod policy;
-#[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-pub mod recorder;
-#[cfg(not(feature = "metrics"))]
 mod recorder;
 mod route;
 mod service;

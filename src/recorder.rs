@@ -1,149 +1,6 @@
-//! Counters, histograms and a gauge emitted through the [`metrics`] facade (cargo feature
-//! `metrics`).
-//!
-//! The layer only *emits*; the application chooses where the values go by installing a
-//! recorder ([`metrics-exporter-prometheus`], an OpenTelemetry bridge, StatsD, ...). Without an
-//! installed recorder the calls go to the facade's no-op recorder; without the feature they
-//! are compiled out.
-//!
-//! # The metrics
-//!
-//! | name | type | unit | labels | meaning |
-//! |---|---|---|---|---|
-//! | `tower_sqlite_retry_requests_total` | counter | requests | `http_route`, `http_request_method`, `outcome`, `error_type`¹ | requests the layer finished, by how they ended (one whose client left first included, as `cancelled`), once even with nested layers |
-//! | `tower_sqlite_retry_replays_total` | counter | replays | `http_route`, `http_request_method`, `error_type` | replays started (attempts after the first), by the error that caused each |
-//! | `tower_sqlite_retry_attempts` | histogram | attempts | `http_route`, `http_request_method` | attempts per finished request, the first included (1 = no replay) |
-//! | `tower_sqlite_retry_backoff_seconds` | histogram | seconds | `http_route`, `http_request_method` | time a finished request spent sleeping in backoff, all its replays together (0 without a replay) |
-//! | `tower_sqlite_retry_queue_wait_seconds` | histogram | seconds | `http_route`, `http_request_method` | time an attempt waited in the queues before it started: a writer-admission slot and the replay gate, one sample per attempt that passed one (0 when it passed at once), the waits that ended at the deadline or in a cancel included |
-//! | `tower_sqlite_retry_buffered_bytes` | gauge | bytes | none | request-body bytes held for replay right now, every layer of the process together |
-//! | `tower_sqlite_retry_write_wait_seconds` | histogram | seconds | `http_route`, `http_request_method` | the write path: time a write transaction waited for its database's turn (0 when it was free) |
-//! | `tower_sqlite_retry_write_held_seconds` | histogram | seconds | `http_route`, `http_request_method`, `database` | the write path: time a write transaction held its database's turn, from `BEGIN` to the turn going on (its commit or rollback included); the rate of its sum, by `database`, is the single writer's **utilization** |
-//! | `tower_sqlite_retry_write_waiting` | gauge | count | `database` | the write path: write transactions waiting for their database's turn now (the queue's length) |
-//! | `tower_sqlite_retry_write_group_members` | histogram | count | `database` | group commit: write transactions made durable by one shared fsync of the WAL |
-//! | `tower_sqlite_retry_write_group_held_seconds` | histogram | seconds | `database` | group commit: time one shared fsync of the WAL took (outside the write lock) |
-//! | `tower_sqlite_retry_write_sync_errors_total` | counter | count | `database` | group commit: syncs of the WAL that failed; each stopped group commit for its pool (the disk refused a write) |
-//!
-//! ¹ only when the request ended on a retryable error the layer did not (or could no longer)
-//! replay: outcomes `exhausted`, `deadline`, `budget_exhausted`, `not_replayable`, `fenced`.
-//!
-//! The names are also constants here ([`REQUESTS`], [`REPLAYS`], [`ATTEMPTS`], [`BACKOFF`],
-//! [`QUEUE_WAIT`], [`BUFFERED_BYTES`], [`WRITE_WAIT`], [`WRITE_HELD`], [`WRITE_WAITING`],
-//! [`WRITE_GROUP_MEMBERS`], [`WRITE_GROUP_HELD`], [`WRITE_SYNC_ERRORS`]), with
-//! suggested histogram buckets ([`ATTEMPTS_BUCKETS`], [`SECONDS_BUCKETS`]).
-//!
-//! The write path's utilization, in PromQL: the share of each second a write transaction held
-//! the database's turn (1.0: the database at its write limit; from there writers only wait
-//! longer):
-//!
-//! ```text
-//! sum by (database) (rate(tower_sqlite_retry_write_held_seconds_sum[1m]))
-//! ```
-//!
-//! (`WritePool::stats` and `WriteQueue::stats` give the same without a metrics pipeline.) A
-//! write transaction outside a request (the write path used without the layer) is labelled
-//! `http_route="_unknown"`, `http_request_method="_OTHER"`.
-//!
-//! # Labels
-//!
-//! Every label has a bounded set of values:
-//!
-//! - `http_route`: the route template axum matched ([`MatchedPath`](axum::extract::MatchedPath),
-//!   e.g. `/orders/{id}`), never the raw path; `_unknown` when there is none (the layer wraps
-//!   the router from outside, or the request fell through to a fallback).
-//! - `http_request_method`: `GET`, `HEAD`, `POST`, `PUT`, `DELETE`, `CONNECT`, `OPTIONS`,
-//!   `TRACE`, `PATCH`; any other method is `_OTHER` (as OpenTelemetry's `http.request.method`).
-//! - `outcome`: one of [`Outcome`]'s nine names (`first_try`,
-//!   `succeeded_after_retry`, `exhausted`, `deadline`, `budget_exhausted`, `not_replayable`,
-//!   `fenced`, `non_retryable`, `cancelled`).
-//! - `database`: the write path's database, by its file's name (`app.db`; two files of one
-//!   name in different directories share it), or `memory` for an in-memory one.
-//! - `error_type`: the retryable error's name ([`Retryable::name`](crate::Retryable::name):
-//!   `SQLITE_BUSY`, `SQLITE_BUSY_SNAPSHOT`, `serialization_failure`, `ER_LOCK_DEADLOCK`,
-//!   `pool_timed_out`, ...). The built-in classifiers name a fixed set; a classifier of your
-//!   own should too.
-//!
-//! # Names and units
-//!
-//! Base units (seconds, bytes) are part of the names, as Prometheus' conventions ask, and every
-//! metric is described (`describe_counter!` & co.) with its [`Unit`](metrics::Unit).
-//!
-//! The counters' names end in `_total`. An exporter that appends `_total` itself would double
-//! it, so this was checked against [`metrics-exporter-prometheus`] (0.18): by default it writes
-//! names exactly as given, so a counter named without `_total` would be exposed without it,
-//! against Prometheus' conventions; with `with_recommended_naming(true)` it appends `_total` (and
-//! the unit) only when the name does not already end with it. A name ending in `_total` is
-//! therefore exposed as `..._total` exactly once either way. (OpenTelemetry's Prometheus
-//! translation also adds `_total` only when it is missing.)
-//!
-//! # Which layer emits
-//!
-//! Layers nest without multiplying attempts (an outer layer passes the inner one's answer
-//! through), and they do not multiply metrics either: a request is counted, and its attempts
-//! and backoff recorded, once, by the layer that handled it. The buffered-bytes gauge counts
-//! what each layer holds, so with nested layers a body held by both is counted twice (they
-//! share the same memory).
-//!
-//! Every metric is described (help text and unit) to the recorder installed when a layer is
-//! built: install the recorder before building the layers, or the exporter has no help text
-//! and no units for them (the values are recorded all the same). Describing again, for each
-//! layer, is harmless.
-//!
-//! [`metrics-exporter-prometheus`]: https://docs.rs/metrics-exporter-prometheus
-// The example runs as a doctest only where it can compile: with the feature.
-#![cfg_attr(
-    feature = "metrics",
-    doc = r##"
-# Example
-
-With `metrics-exporter-prometheus` installed by the application, the text a `GET /metrics`
-handler would answer with:
-
-```
-use axum::body::Body;
-use axum::routing::post;
-use axum::Router;
-use http::Request;
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-use tower::ServiceExt;
-use tower_sqlite_retry::{recorder, RetryPolicy, SqliteRetryLayer};
-
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // The application installs an exporter, before it builds the layers. Buckets make the
-    // histograms true Prometheus histograms (summaries otherwise).
-    let prometheus = PrometheusBuilder::new()
-        .set_buckets_for_metric(
-            Matcher::Full(recorder::ATTEMPTS.to_owned()),
-            recorder::ATTEMPTS_BUCKETS,
-        )?
-        .set_buckets_for_metric(
-            Matcher::Suffix("_seconds".to_owned()),
-            recorder::SECONDS_BUCKETS,
-        )?
-        .install_recorder()?;
-    // (A long-running service also calls `prometheus.run_upkeep()` every few seconds.)
-
-    let app = Router::new()
-        .route("/orders", post(|| async { "created" }))
-        .layer(SqliteRetryLayer::new(RetryPolicy::default()));
-    let request = Request::post("/orders").body(Body::empty())?;
-    app.oneshot(request).await?;
-
-    let text = prometheus.render();
-    assert!(text.contains(
-        "# TYPE tower_sqlite_retry_requests_total counter\n\
-         tower_sqlite_retry_requests_total\
-         {http_route=\"/orders\",http_request_method=\"POST\",outcome=\"first_try\"} 1\n"
-    ));
-    assert!(text.contains(
-        "tower_sqlite_retry_attempts_bucket\
-         {http_route=\"/orders\",http_request_method=\"POST\",le=\"1\"} 1\n"
-    ));
-    Ok(())
-}
-```
-"##
-)]
+//! The `metrics` facade's emitter: what the layer and the write path record, compiled out
+//! without the `metrics` feature. The names, buckets and their documentation are public in
+//! [`metrics::recorder`](crate::metrics::recorder).
 
 use std::time::Duration;
 
@@ -154,23 +11,19 @@ use crate::attempt::Outcome;
 /// Counter: requests the layer finished. Labels `http_route`, `http_request_method`,
 /// `outcome`, and `error_type` when the request ended on a retryable error.
 #[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const REQUESTS: &str = "tower_sqlite_retry_requests_total";
 
 /// Counter: replays started. Labels `http_route`, `http_request_method`, `error_type`.
 #[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const REPLAYS: &str = "tower_sqlite_retry_replays_total";
 
 /// Histogram: attempts per finished request. Labels `http_route`, `http_request_method`.
 #[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const ATTEMPTS: &str = "tower_sqlite_retry_attempts";
 
 /// Histogram: seconds a finished request slept in backoff. Labels `http_route`,
 /// `http_request_method`.
 #[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const BACKOFF: &str = "tower_sqlite_retry_backoff_seconds";
 
 /// Histogram: seconds an attempt waited in the queues (a writer-admission slot, the replay
@@ -178,55 +31,51 @@ pub const BACKOFF: &str = "tower_sqlite_retry_backoff_seconds";
 /// a cancel included. Labels
 /// `http_route`, `http_request_method`.
 #[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const QUEUE_WAIT: &str = "tower_sqlite_retry_queue_wait_seconds";
 
 /// Gauge: request-body bytes held for replay now, every layer together. No labels.
 #[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const BUFFERED_BYTES: &str = "tower_sqlite_retry_buffered_bytes";
 
 /// Histogram: seconds a write transaction of the write path waited for its database's turn (0
-/// when it was free). Labels `http_route`, `http_request_method`.
+/// when it was free). Labels `http_route`, `http_request_method`, `database`.
 #[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const WRITE_WAIT: &str = "tower_sqlite_retry_write_wait_seconds";
 
 /// Histogram: seconds a write transaction of the write path held its database's turn, from
 /// `BEGIN` to the turn going on. Labels `http_route`, `http_request_method`, `database`. Its
 /// sum's rate, summed by `database`, is the writer's utilization.
 #[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const WRITE_HELD: &str = "tower_sqlite_retry_write_held_seconds";
 
 /// Histogram: write transactions made durable by one shared fsync of the WAL (group commit,
 /// `WritePool::group_commit`). Label `database`.
 #[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const WRITE_GROUP_MEMBERS: &str = "tower_sqlite_retry_write_group_members";
 
 /// Histogram: seconds one shared fsync of the WAL took (group commit; outside the write lock).
 /// Label `database`.
 #[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const WRITE_GROUP_HELD: &str = "tower_sqlite_retry_write_group_held_seconds";
 
 /// Counter: syncs of the WAL that failed while group commit shared its fsync (the shared
 /// fsync, a checkpoint's, a `COMMIT`'s on the writer connection); each stopped group commit
 /// for its pool (the disk refused a write: see the write path's docs). Label `database`.
 #[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const WRITE_SYNC_ERRORS: &str = "tower_sqlite_retry_write_sync_errors_total";
+
+/// Counter: write transactions that failed, by the step that failed. Labels `database`,
+/// `stage` (`turn`, `begin`, `commit`, `sync`, `rollback`: see the module docs).
+#[cfg(feature = "metrics")]
+pub const WRITE_ERRORS: &str = "tower_sqlite_retry_write_errors_total";
 
 /// Gauge: write transactions waiting for their database's turn now. Label `database`.
 #[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const WRITE_WAITING: &str = "tower_sqlite_retry_write_waiting";
 
 /// Suggested bucket bounds for [`ATTEMPTS`]: every count up to 6, then wider, up to the
 /// example app's 32-attempt write route.
 #[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const ATTEMPTS_BUCKETS: &[f64] = &[
     1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 13.0, 16.0, 20.0, 32.0,
 ];
@@ -235,7 +84,6 @@ pub const ATTEMPTS_BUCKETS: &[f64] = &[
 /// [`WRITE_HELD`], in seconds: from half a millisecond (a first backoff is about 2 ms by
 /// default, a write transaction takes 0.1 to 1 ms) to the default 10 s deadline.
 #[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub const SECONDS_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
@@ -249,8 +97,9 @@ mod emit {
     use metrics::{Label, Unit};
 
     use super::{
-        ATTEMPTS, BACKOFF, BUFFERED_BYTES, QUEUE_WAIT, REPLAYS, REQUESTS, WRITE_GROUP_HELD,
-        WRITE_GROUP_MEMBERS, WRITE_HELD, WRITE_SYNC_ERRORS, WRITE_WAIT, WRITE_WAITING,
+        ATTEMPTS, BACKOFF, BUFFERED_BYTES, QUEUE_WAIT, REPLAYS, REQUESTS, WRITE_ERRORS,
+        WRITE_GROUP_HELD, WRITE_GROUP_MEMBERS, WRITE_HELD, WRITE_SYNC_ERRORS, WRITE_WAIT,
+        WRITE_WAITING, WriteStage,
     };
     use crate::route::Route;
 
@@ -259,7 +108,8 @@ mod emit {
     const OUTCOME: &str = "outcome";
     const ERROR_TYPE: &str = "error_type";
     const DATABASE: &str = "database";
-    /// `http_route` when no route template is known.
+    const STAGE: &str = "stage";
+    /// `http_route` when no route template is known; `database` when no database is.
     const NO_ROUTE: &str = "_unknown";
 
     pub(crate) fn describe() {
@@ -323,6 +173,12 @@ mod emit {
                 Unit::Count,
                 "Syncs of the WAL that failed while group commit shared its fsync; each stopped \
                  group commit for its pool (the disk refused a write)."
+            );
+            metrics::describe_counter!(
+                WRITE_ERRORS,
+                Unit::Count,
+                "Write transactions that failed, by the step that failed (stage: turn, begin, \
+                 commit, sync, rollback)."
             );
             metrics::describe_gauge!(
                 WRITE_WAITING,
@@ -406,8 +262,10 @@ mod emit {
         }
     }
 
-    pub(crate) fn write_wait(route_: Option<&Route>, waited: Duration) {
-        metrics::histogram!(WRITE_WAIT, write_labels(route_).to_vec()).record(waited);
+    pub(crate) fn write_wait(route_: Option<&Route>, database: &Arc<str>, waited: Duration) {
+        let [route, method] = write_labels(route_);
+        let labels = vec![route, method, Label::new(DATABASE, Arc::clone(database))];
+        metrics::histogram!(WRITE_WAIT, labels).record(waited);
     }
 
     pub(crate) fn write_held(route_: Option<&Route>, database: &Arc<str>, held: Duration) {
@@ -420,6 +278,15 @@ mod emit {
         let labels = vec![Label::new(DATABASE, Arc::clone(database))];
         metrics::histogram!(WRITE_GROUP_MEMBERS, labels.clone()).record(members as f64);
         metrics::histogram!(WRITE_GROUP_HELD, labels).record(held);
+    }
+
+    pub(crate) fn write_error(database: Option<&Arc<str>>, stage: WriteStage) {
+        let database = match database {
+            Some(database) => Label::new(DATABASE, Arc::clone(database)),
+            None => Label::from_static_parts(DATABASE, NO_ROUTE),
+        };
+        let labels = vec![database, Label::from_static_parts(STAGE, stage.as_str())];
+        metrics::counter!(WRITE_ERRORS, labels).increment(1);
     }
 
     pub(crate) fn write_sync_failed(database: &Arc<str>) {
@@ -500,13 +367,66 @@ pub(crate) fn queue_wait(route: Option<&str>, method: &Method, waited: Duration)
     let _ = (route, method, waited);
 }
 
-/// A write transaction took its database's turn after waiting `waited`.
+/// A write transaction took `database`'s turn after waiting `waited`.
 #[inline]
-pub(crate) fn write_wait(route: Option<&crate::route::Route>, waited: Duration) {
+pub(crate) fn write_wait(
+    route: Option<&crate::route::Route>,
+    database: &std::sync::Arc<str>,
+    waited: Duration,
+) {
     #[cfg(feature = "metrics")]
-    emit::write_wait(route, waited);
+    emit::write_wait(route, database, waited);
     #[cfg(not(feature = "metrics"))]
-    let _ = (route, waited);
+    let _ = (route, database, waited);
+}
+
+/// The step of a write transaction that failed: the `stage` label of
+/// `tower_sqlite_retry_write_errors_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WriteStage {
+    /// No turn: the wait ended at its bound, or the request already held it.
+    Turn,
+    /// The turn, but no transaction: the connection, or `BEGIN IMMEDIATE`, failed.
+    Begin,
+    /// `COMMIT` failed or was refused (rolled back), or a savepoint was left open.
+    Commit,
+    /// Committed, but group commit's fsync failed for it: not known durable.
+    Sync,
+    /// An explicit rollback failed.
+    Rollback,
+}
+
+impl WriteStage {
+    /// Every stage, in the order of a transaction's life.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) const ALL: [WriteStage; 5] = [
+        WriteStage::Turn,
+        WriteStage::Begin,
+        WriteStage::Commit,
+        WriteStage::Sync,
+        WriteStage::Rollback,
+    ];
+
+    /// The label's value.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            WriteStage::Turn => "turn",
+            WriteStage::Begin => "begin",
+            WriteStage::Commit => "commit",
+            WriteStage::Sync => "sync",
+            WriteStage::Rollback => "rollback",
+        }
+    }
+}
+
+/// A write transaction of `database` (`None`: not known yet) failed at `stage`.
+#[inline]
+pub(crate) fn write_error(database: Option<&std::sync::Arc<str>>, stage: WriteStage) {
+    #[cfg(feature = "metrics")]
+    emit::write_error(database, stage);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (database, stage);
 }
 
 /// A write transaction held its database's turn for `held`.
@@ -592,7 +512,7 @@ mod tests {
     /// The docs list every outcome the code emits, and call none of them uncounted.
     #[test]
     fn the_docs_name_every_outcome() {
-        let source = include_str!("recorder.rs");
+        let source = include_str!("metrics/recorder.rs");
         let start = source.find("//! - `outcome`:").unwrap();
         let end = start + source[start..].find("//! - `error_type`:").unwrap();
         for outcome in crate::attempt::Outcome::ALL {
@@ -600,6 +520,59 @@ mod tests {
             assert!(source[start..end].contains(&name), "{name} missing");
         }
         assert!(!source.contains(concat!("is not", " counted")));
+    }
+
+    /// The docs list every stage of the write-errors counter, in the table and the labels.
+    #[test]
+    fn the_docs_name_every_write_stage() {
+        let source = include_str!("metrics/recorder.rs");
+        let start = source.find("//! - `stage`:").unwrap();
+        let end = start + source[start..].find("//! - `error_type`:").unwrap();
+        let row = source
+            .lines()
+            .find(|l| l.starts_with("//! | `tower_sqlite_retry_write_errors_total`"))
+            .unwrap();
+        for stage in super::WriteStage::ALL {
+            let name = format!("`{}`", stage.as_str());
+            assert!(source[start..end].contains(&name), "{name} missing");
+            assert!(row.contains(&name), "{name} missing from the table");
+        }
+    }
+
+    /// Every metric of the write path has the `database` label; a write error before the
+    /// database is known is `_unknown`.
+    #[test]
+    fn write_metrics_carry_the_database() {
+        use std::sync::Arc;
+
+        use super::WriteStage;
+
+        let db: Arc<str> = "app.db".into();
+        let out = emitted(|| {
+            super::write_wait(None, &db, Duration::from_millis(3));
+            super::write_held(None, &db, Duration::from_millis(1));
+            super::write_waiting(&db, 1);
+            super::write_group(&db, 2, Duration::from_millis(1));
+            super::write_sync_failed(&db);
+            super::write_error(Some(&db), WriteStage::Sync);
+            super::write_error(Some(&db), WriteStage::Sync);
+            super::write_error(None, WriteStage::Begin);
+        });
+        let names: Vec<_> = out.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "tower_sqlite_retry_write_errors_total{database=_unknown,stage=begin}",
+                "tower_sqlite_retry_write_errors_total{database=app.db,stage=sync}",
+                "tower_sqlite_retry_write_group_held_seconds{database=app.db}",
+                "tower_sqlite_retry_write_group_members{database=app.db}",
+                "tower_sqlite_retry_write_held_seconds{http_route=_unknown,http_request_method=_OTHER,database=app.db}",
+                "tower_sqlite_retry_write_sync_errors_total{database=app.db}",
+                "tower_sqlite_retry_write_wait_seconds{http_route=_unknown,http_request_method=_OTHER,database=app.db}",
+                "tower_sqlite_retry_write_waiting{database=app.db}",
+            ]
+        );
+        assert_eq!(out[1].1, DebugValue::Counter(2));
     }
 
     #[test]

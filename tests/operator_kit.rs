@@ -1,35 +1,39 @@
-//! The operator's kit, `ops/grafana-dashboard.json` and `ops/prometheus-alerts.yml`, kept
-//! honest: every metric and label their PromQL names is one the crate really emits, as
-//! Prometheus scrapes it, and the dashboard shows every metric the crate has.
+//! The operator's kit, `ops/grafana-dashboard.json`, `ops/prometheus-alerts.yml` and its
+//! promtool tests `ops/prometheus-alerts-test.yml`, kept honest: every metric and label their
+//! PromQL names is one the crate really emits, as Prometheus scrapes it, the dashboard shows
+//! every metric the crate has, and every alert has its runbook section in `ops/README.md`.
 //!
 //! Where the truth comes from: the crate itself, at run time, not a list written here nor a
 //! reading of `src/recorder.rs` (its label keys are private, and text would say what the code
 //! is meant to do, not what it does). [`drive`] sends real requests over HTTP through the layer
 //! and a `WritePool` on a real SQLite file (a first try, a replay that gives up, a writer that
-//! waits for the turn, a shared fsync of group commit) into `metrics-exporter-prometheus`
-//! set up as the `recorder` module's docs say (`ATTEMPTS_BUCKETS`, `SECONDS_BUCKETS` for
+//! waits for the turn, a shared fsync of group commit, a failed one) into `metrics-exporter-prometheus`
+//! set up as the `metrics::recorder` module's docs say (`ATTEMPTS_BUCKETS`, `SECONDS_BUCKETS` for
 //! `_seconds`), in both of its naming modes. Its scrape gives every series name, the
 //! `_bucket`/`_sum`/`_count` ones included (mapped to their family by the `# TYPE` lines), and
 //! every label of each. The crate's `describe_*` calls, seen by a recorder wrapped around the
 //! exporter, list every metric it has: one the drive does not reach fails the test rather than
 //! going unchecked.
 //!
-//! The checker is a small PromQL reader (selectors and their matchers, `by`/`without`,
-//! `on`/`ignoring`, function calls); the rule file is read line by line (the subset of YAML a
-//! rule file uses, `expr: |` and `>-` block scalars included): no dependency is added. The
-//! checker is shown to fail: `the_checker_rejects_what_the_crate_does_not_emit` on made-up
-//! queries, and the main test on a misspelt copy of every query of the kit.
+//! The PromQL is parsed by `promql-parser` (GreptimeDB's, which follows Prometheus' grammar
+//! and its type checks), and the checker follows each query's labels through the syntax tree,
+//! as Prometheus computes them: selectors and their matchers, `by`/`without`,
+//! `on`/`ignoring`/`group_left`, the functions (counters for `rate()`, `le` for
+//! `histogram_quantile()`). The rule file and its tests are read as YAML (`yaml_serde`), into
+//! types that refuse a key they do not know. The checker is shown to fail:
+//! `the_checker_rejects_what_the_crate_does_not_emit` on made-up queries, and the main test on
+//! a misspelt copy of every query of the kit. Where `promtool` is installed (CI installs it),
+//! it checks the rules and runs their tests too.
 #![cfg(all(feature = "metrics", feature = "axum", feature = "sqlite-write"))]
 
 mod common;
 
-// The exporter's setup, as the example app (and the `recorder` module's docs) make it.
+// The exporter's setup, as the example app (and the `metrics::recorder` module's docs) make it.
 #[path = "../examples/common/prometheus.rs"]
 #[allow(dead_code, reason = "only its builder is used here")]
 mod exporter;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::ops::Range;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -40,6 +44,12 @@ use http::StatusCode;
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use metrics_util::layers::FanoutBuilder;
+use promql_parser::label::MatchOp;
+use promql_parser::parser::{
+    self as promql, AggregateExpr, BinaryExpr, Call, Expr, LabelModifier, VectorMatchCardinality,
+    VectorSelector,
+};
+use serde::Deserialize;
 use serde_json::Value;
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqlitePoolOptions, SqliteSynchronous};
@@ -49,6 +59,8 @@ use common::{HttpClient, TestDb, poll_until, serve};
 
 const DASHBOARD: &str = "ops/grafana-dashboard.json";
 const RULES: &str = "ops/prometheus-alerts.yml";
+const RULE_TESTS: &str = "ops/prometheus-alerts-test.yml";
+const RUNBOOK: &str = "ops/README.md";
 
 /// Labels Prometheus adds to every series it scrapes (the target's).
 const TARGET_LABELS: [&str; 2] = ["job", "instance"];
@@ -367,7 +379,7 @@ async fn drive() {
 
     // Group commit: a transaction commits while the fsync is held, and waits for the shared one.
     assert!(
-        writes.hold_fsync(true),
+        tower_sqlite_retry::__private::hold_fsync(&writes, true),
         "group commit shares no fsync here (it needs WAL at FULL)"
     );
     let before = rows(&plain).await;
@@ -379,7 +391,7 @@ async fn drive() {
         rows(&plain).await > before
     })
     .await;
-    writes.hold_fsync(false);
+    tower_sqlite_retry::__private::hold_fsync(&writes, false);
     assert_eq!(grouped.await.unwrap().status, StatusCode::CREATED);
     assert!(writes.stats().unwrap().syncs >= 1, "a shared fsync ran");
 
@@ -387,7 +399,7 @@ async fn drive() {
     // longer at its path): the commit is answered 500, and the error counted.
     let dir = db.path.parent().unwrap().to_owned();
     let moved = dir.with_extension("moved");
-    writes.hold_fsync(true);
+    tower_sqlite_retry::__private::hold_fsync(&writes, true);
     let before = rows(&plain).await;
     let failed = tokio::spawn({
         let client = client.clone();
@@ -398,7 +410,7 @@ async fn drive() {
     })
     .await;
     std::fs::rename(&dir, &moved).unwrap();
-    writes.hold_fsync(false);
+    tower_sqlite_retry::__private::hold_fsync(&writes, false);
     let reply = failed.await.unwrap();
     std::fs::rename(&moved, &dir).unwrap();
     assert_eq!(
@@ -411,472 +423,355 @@ async fn drive() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// A small PromQL reader.
+// The PromQL, parsed by promql-parser and followed through its syntax tree.
 
-#[derive(Clone, Debug, PartialEq)]
-enum Tok {
-    Ident(String),
-    Str(String),
-    Num,
-    /// `[5m]`, `[$__rate_interval]`, `[1h:1m]`: skipped whole.
-    Range,
-    Open,
-    Close,
-    LBrace,
-    RBrace,
-    Comma,
-    Op(&'static str),
+/// Grafana's interval variables: PromQL reads a duration in their place (which one does not
+/// matter here). Grafana's other variables stand in strings (`=~"$route"`), which PromQL reads
+/// as they are; one anywhere else fails the parse.
+const GRAFANA_RANGES: [&str; 3] = ["$__rate_interval", "$__interval", "$__range"];
+
+/// Functions whose result labels the checker cannot follow (they make labels from values).
+const UNFOLLOWED: [&str; 2] = ["label_replace", "label_join"];
+
+/// Aggregations that select series rather than merge them: their result keeps the argument's
+/// labels whatever their `by`.
+const SELECTING: [&str; 4] = ["topk", "bottomk", "limitk", "limit_ratio"];
+
+fn parse(expr: &str) -> Result<Expr, String> {
+    let promql = GRAFANA_RANGES
+        .iter()
+        .fold(expr.to_owned(), |e, variable| e.replace(variable, "5m"));
+    promql::parse(&promql)
 }
 
-const OPS: [&str; 16] = [
-    "==", "!=", ">=", "<=", "=~", "!~", "=", ">", "<", "+", "-", "*", "/", "%", "^", "@",
-];
+/// The labels an expression's result can have: `None` for a number or a string, and where a
+/// series is not one the crate emits (its problem is said once, at the selector).
+type Labels = Option<BTreeSet<String>>;
 
-fn lex(expr: &str) -> Result<Vec<Tok>, String> {
-    let chars: Vec<char> = expr.chars().collect();
-    let mut toks = Vec::new();
-    let mut i = 0;
-    while i < chars.len() {
-        let c = chars[i];
-        let rest: String = chars[i..chars.len().min(i + 2)].iter().collect();
-        if c.is_whitespace() {
-            i += 1;
-        } else if c == '#' {
-            while i < chars.len() && chars[i] != '\n' {
-                i += 1;
-            }
-        } else if c == '[' {
-            while i < chars.len() && chars[i] != ']' {
-                i += 1;
-            }
-            if i == chars.len() {
-                return Err("`[` without `]`".into());
-            }
-            i += 1;
-            toks.push(Tok::Range);
-        } else if matches!(c, '"' | '\'' | '`') {
-            let mut value = String::new();
-            i += 1;
-            loop {
-                match chars.get(i) {
-                    None => return Err(format!("a string without its closing {c}")),
-                    Some('\\') if c != '`' => {
-                        value.extend(chars.get(i + 1));
-                        i += 2;
-                    }
-                    Some(&d) if d == c => break,
-                    Some(&d) => {
-                        value.push(d);
-                        i += 1;
-                    }
-                }
-            }
-            i += 1;
-            toks.push(Tok::Str(value));
-        } else if c.is_ascii_digit()
-            || (c == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit))
-        {
-            while i < chars.len() {
-                if matches!(chars[i], 'e' | 'E') && matches!(chars.get(i + 1), Some('+' | '-')) {
-                    i += 2;
-                } else if chars[i].is_ascii_alphanumeric() || chars[i] == '.' {
-                    i += 1;
-                } else {
-                    break;
-                }
-            }
-            toks.push(Tok::Num);
-        } else if c.is_ascii_alphabetic() || c == '_' || c == ':' {
-            let start = i;
-            while i < chars.len()
-                && (chars[i].is_ascii_alphanumeric() || matches!(chars[i], '_' | ':'))
-            {
-                i += 1;
-            }
-            toks.push(Tok::Ident(chars[start..i].iter().collect()));
-        } else if let Some(tok) = match c {
-            '(' => Some(Tok::Open),
-            ')' => Some(Tok::Close),
-            '{' => Some(Tok::LBrace),
-            '}' => Some(Tok::RBrace),
-            ',' => Some(Tok::Comma),
-            _ => None,
-        } {
-            toks.push(tok);
-            i += 1;
-        } else if let Some(&op) = OPS.iter().find(|op| rest.starts_with(**op)) {
-            toks.push(Tok::Op(op));
-            i += op.len();
-        } else if c == '$' {
-            return Err("a Grafana variable outside a string or a range".into());
-        } else {
-            return Err(format!("unexpected character {c:?}"));
-        }
-    }
-    Ok(toks)
-}
-
-const AGGREGATIONS: &str =
-    "sum min max avg group stddev stdvar count count_values bottomk topk quantile";
-
-/// PromQL's functions but `label_replace` and `label_join` (they make labels this reader
-/// cannot follow).
-const FUNCTIONS: &str = "\
-    abs absent absent_over_time avg_over_time ceil changes clamp clamp_max clamp_min \
-    count_over_time day_of_month day_of_week day_of_year days_in_month delta deriv end \
-    exp floor histogram_quantile hour idelta increase irate last_over_time ln log10 log2 \
-    max_over_time min_over_time minute month predict_linear present_over_time \
-    quantile_over_time rate resets round scalar sgn sort sort_desc sqrt start \
-    stddev_over_time stdvar_over_time sum_over_time time timestamp vector year";
-
-/// Whether `word` is one of the space-separated `words`.
-fn is_one_of(words: &str, word: &str) -> bool {
-    words.split_whitespace().any(|w| w == word)
-}
-
-#[derive(Debug)]
-struct Selector {
-    name: String,
-    /// Its name's token.
-    at: usize,
-    /// `(label, op, value)`.
-    matchers: Vec<(String, &'static str, String)>,
-}
-
-#[derive(Debug)]
-struct Grouping {
-    /// `by`, `without`, `on`, `ignoring`, `group_left`, `group_right`.
-    keyword: String,
-    labels: Vec<String>,
-    /// The tokens it applies to: an aggregation's argument, or the whole query.
-    scope: Range<usize>,
-}
-
-#[derive(Debug)]
-struct Call {
-    name: String,
-    args: Range<usize>,
-    /// An aggregation with `by` or `without`.
-    grouped: bool,
-}
-
+/// What the checker found in one query.
 #[derive(Debug, Default)]
-struct Query {
-    selectors: Vec<Selector>,
-    groupings: Vec<Grouping>,
-    calls: Vec<Call>,
+struct Reading {
+    problems: Vec<String>,
+    /// The families its selectors read.
+    families: BTreeSet<String>,
+    /// Its selectors' metric names, in the order they are written.
+    names: Vec<String>,
+    /// The labels of its result.
+    labels: Labels,
 }
 
-/// `( label, ... )` at `at`: the labels, and the token after `)`.
-fn label_list(toks: &[Tok], at: usize) -> Result<(Vec<String>, usize), String> {
-    if toks.get(at) != Some(&Tok::Open) {
-        return Err("a label list without `(`".into());
+/// Reads `expr` against what the crate emits.
+fn read(expr: &str, truth: &Truth) -> Reading {
+    let mut checker = Checker {
+        truth,
+        reading: Reading::default(),
+    };
+    match parse(expr) {
+        Ok(ast) => checker.reading.labels = checker.expr(&ast),
+        Err(e) => checker
+            .reading
+            .problems
+            .push(format!("cannot read the query: {}", e.trim())),
     }
-    let mut labels = Vec::new();
-    let mut i = at + 1;
-    loop {
-        match (toks.get(i), toks.get(i + 1)) {
-            (Some(Tok::Close), _) => return Ok((labels, i + 1)),
-            (Some(Tok::Ident(label)), Some(Tok::Comma)) => {
-                labels.push(label.clone());
-                i += 2;
-            }
-            (Some(Tok::Ident(label)), Some(Tok::Close)) => {
-                labels.push(label.clone());
-                return Ok((labels, i + 2));
-            }
-            _ => return Err("a label list that is not `(label, ...)`".into()),
-        }
-    }
-}
-
-fn analyze(expr: &str) -> Result<Query, String> {
-    let toks = lex(expr)?;
-    let mut partner = vec![0; toks.len()];
-    let mut open = Vec::new();
-    for (i, tok) in toks.iter().enumerate() {
-        match tok {
-            Tok::Open => open.push(i),
-            Tok::Close => {
-                let o = open.pop().ok_or("a `)` without its `(`")?;
-                partner[o] = i;
-                partner[i] = o;
-            }
-            _ => {}
-        }
-    }
-    if !open.is_empty() {
-        return Err("a `(` without its `)`".into());
-    }
-    let mut q = Query::default();
-    // The `by (...)` lists after an aggregation's argument, read with the aggregation.
-    let mut consumed = vec![false; toks.len()];
-    let mut i = 0;
-    while i < toks.len() {
-        if consumed[i] {
-            i += 1;
-            continue;
-        }
-        let Tok::Ident(word) = &toks[i] else {
-            if toks[i] == Tok::LBrace {
-                return Err("a selector without a metric name".into());
-            }
-            i += 1;
-            continue;
-        };
-        let lower = word.to_ascii_lowercase();
-        let next = toks.get(i + 1);
-        let grouping_at = |at: usize| match toks.get(at) {
-            Some(Tok::Ident(w)) if ["by", "without"].contains(&w.to_ascii_lowercase().as_str()) => {
-                Some(w.to_ascii_lowercase())
-            }
-            _ => None,
-        };
-        if is_one_of(AGGREGATIONS, &lower) {
-            if let Some(keyword) = grouping_at(i + 1) {
-                // `sum by (labels) (argument)`
-                let (labels, after) = label_list(&toks, i + 2)?;
-                if toks.get(after) != Some(&Tok::Open) {
-                    return Err(format!("`{word} {keyword} (...)` without its argument"));
-                }
-                let args = after + 1..partner[after];
-                q.groupings.push(Grouping {
-                    keyword,
-                    labels,
-                    scope: args.clone(),
-                });
-                q.calls.push(Call {
-                    name: lower,
-                    args,
-                    grouped: true,
-                });
-                i = after + 1;
-            } else if next == Some(&Tok::Open) {
-                // `sum (argument)`, perhaps `by (labels)` after it
-                let args = i + 2..partner[i + 1];
-                let mut grouped = false;
-                if let Some(keyword) = grouping_at(args.end + 1) {
-                    let (labels, after) = label_list(&toks, args.end + 2)?;
-                    consumed[args.end + 1..after].fill(true);
-                    q.groupings.push(Grouping {
-                        keyword,
-                        labels,
-                        scope: args.clone(),
-                    });
-                    grouped = true;
-                }
-                q.calls.push(Call {
-                    name: lower,
-                    args,
-                    grouped,
-                });
-                i += 2;
-            } else {
-                return Err(format!("the aggregation `{word}` without its argument"));
-            }
-            continue;
-        }
-        match lower.as_str() {
-            "by" | "without" => return Err(format!("`{word}` outside an aggregation")),
-            "on" | "ignoring" | "group_left" | "group_right" => {
-                if next == Some(&Tok::Open) {
-                    let (labels, after) = label_list(&toks, i + 1)?;
-                    q.groupings.push(Grouping {
-                        keyword: lower.clone(),
-                        labels,
-                        scope: 0..toks.len(),
-                    });
-                    i = after;
-                } else {
-                    i += 1;
-                }
-            }
-            "bool" | "and" | "or" | "unless" | "inf" | "nan" => i += 1,
-            "offset" => i += 2,
-            "label_replace" | "label_join" => {
-                return Err(format!("`{word}` makes labels this checker cannot follow"));
-            }
-            _ if next == Some(&Tok::Open) => {
-                if !is_one_of(FUNCTIONS, &lower) {
-                    return Err(format!("`{word}()` is not a PromQL function"));
-                }
-                q.calls.push(Call {
-                    name: lower.clone(),
-                    args: i + 2..partner[i + 1],
-                    grouped: false,
-                });
-                i += 2;
-            }
-            _ => {
-                let mut selector = Selector {
-                    name: word.clone(),
-                    at: i,
-                    matchers: Vec::new(),
-                };
-                i += 1;
-                if toks.get(i) == Some(&Tok::LBrace) {
-                    i += 1;
-                    loop {
-                        match &toks[i..] {
-                            [Tok::RBrace, ..] => break,
-                            [Tok::Ident(label), Tok::Op(op), Tok::Str(value), rest @ ..]
-                                if ["=", "!=", "=~", "!~"].contains(op) =>
-                            {
-                                selector.matchers.push((label.clone(), *op, value.clone()));
-                                i += 3;
-                                if rest.first() == Some(&Tok::Comma) {
-                                    i += 1;
-                                }
-                            }
-                            _ => {
-                                return Err(format!("the matchers of `{word}` are not read"));
-                            }
-                        }
-                    }
-                    i += 1;
-                }
-                q.selectors.push(selector);
-            }
-        }
-    }
-    Ok(q)
+    let mut reading = checker.reading;
+    reading.problems.dedup();
+    reading
 }
 
 /// What is wrong with `expr` against what the crate emits (nothing: an empty list).
 fn problems(expr: &str, truth: &Truth) -> Vec<String> {
-    let q = match analyze(expr) {
-        Ok(q) => q,
-        Err(e) => return vec![format!("cannot read the query: {e}")],
-    };
+    read(expr, truth).problems
+}
+
+/// The labels the result of `expr` can have (for legends and annotations).
+fn result_labels(expr: &str, truth: &Truth) -> BTreeSet<String> {
+    read(expr, truth).labels.unwrap_or_default()
+}
+
+/// The families `expr` reads.
+fn families(expr: &str, truth: &Truth) -> BTreeSet<String> {
+    read(expr, truth).families
+}
+
+/// `[a, b]`.
+fn list<'a>(labels: impl IntoIterator<Item = &'a String>) -> String {
+    let labels: Vec<_> = labels.into_iter().map(String::as_str).collect();
+    format!("[{}]", labels.join(", "))
+}
+
+/// Every selector in `expr`, in the order they are written.
+fn selectors(expr: &Expr) -> Vec<&VectorSelector> {
+    fn walk<'e>(e: &'e Expr, out: &mut Vec<&'e VectorSelector>) {
+        match e {
+            Expr::VectorSelector(vs) => out.push(vs),
+            Expr::MatrixSelector(ms) => out.push(&ms.vs),
+            Expr::Paren(p) => walk(&p.expr, out),
+            Expr::Unary(u) => walk(&u.expr, out),
+            Expr::Subquery(s) => walk(&s.expr, out),
+            Expr::Aggregate(a) => {
+                if let Some(param) = &a.param {
+                    walk(param, out);
+                }
+                walk(&a.expr, out);
+            }
+            Expr::Binary(b) => {
+                walk(&b.lhs, out);
+                walk(&b.rhs, out);
+            }
+            Expr::Call(c) => c.args.args.iter().for_each(|arg| walk(arg, out)),
+            Expr::NumberLiteral(_) | Expr::StringLiteral(_) | Expr::Extension(_) => {}
+        }
+    }
     let mut out = Vec::new();
-    for s in &q.selectors {
-        let Some(series) = truth.series.get(&s.name) else {
-            out.push(format!(
-                "`{}` is not a series the crate emits (it emits: {})",
-                s.name,
-                truth.names()
+    walk(expr, &mut out);
+    out
+}
+
+/// Follows a query's labels from its selectors up, as Prometheus computes them, and notes
+/// every name or label the crate does not emit and every function given what it does not take.
+struct Checker<'a> {
+    truth: &'a Truth,
+    reading: Reading,
+}
+
+impl Checker<'_> {
+    fn problem(&mut self, problem: String) {
+        self.reading.problems.push(problem);
+    }
+
+    /// The series `vs` names, if the crate emits it.
+    fn series(&self, vs: &VectorSelector) -> Option<&Series> {
+        self.truth.series.get(vs.name.as_deref()?)
+    }
+
+    fn expr(&mut self, e: &Expr) -> Labels {
+        match e {
+            Expr::VectorSelector(vs) => self.selector(vs),
+            Expr::MatrixSelector(ms) => self.selector(&ms.vs),
+            Expr::Paren(p) => self.expr(&p.expr),
+            Expr::Unary(u) => self.expr(&u.expr),
+            Expr::Subquery(s) => self.expr(&s.expr),
+            Expr::NumberLiteral(_) | Expr::StringLiteral(_) => None,
+            Expr::Aggregate(a) => self.aggregate(a),
+            Expr::Binary(b) => self.binary(b),
+            Expr::Call(c) => self.call(c),
+            Expr::Extension(_) => {
+                self.problem("an extension of PromQL".to_owned());
+                None
+            }
+        }
+    }
+
+    fn selector(&mut self, vs: &VectorSelector) -> Labels {
+        let Some(name) = vs.name.clone() else {
+            self.problem(format!(
+                "`{vs}`: a selector without a metric name (name the series)"
             ));
-            continue;
+            return None;
         };
-        for (label, op, value) in &s.matchers {
-            if !series.has_label(label) {
-                out.push(format!(
-                    "`{}` has no label `{label}` (its labels: {})",
-                    s.name,
-                    series.labels()
-                ));
-            }
-            if value.contains('$') && !op.ends_with('~') {
-                out.push(format!(
-                    "`{label}{op}\"{value}\"`: a Grafana variable (several values, or All) needs `=~`"
-                ));
-            }
-        }
-    }
-    for g in &q.groupings {
-        for s in q.selectors.iter().filter(|s| g.scope.contains(&s.at)) {
-            let Some(series) = truth.series.get(&s.name) else {
+        self.reading.names.push(name.clone());
+        let Some(series) = self.truth.series.get(&name) else {
+            self.problem(format!(
+                "`{name}` is not a series the crate emits (it emits: {})",
+                self.truth.names()
+            ));
+            return None;
+        };
+        self.reading.families.insert(series.family.clone());
+        let mut problems = Vec::new();
+        let matchers = vs.matchers.matchers.iter();
+        let or_matchers = vs.matchers.or_matchers.iter().flatten();
+        for m in matchers.chain(or_matchers) {
+            if m.name == "__name__" {
                 continue;
-            };
-            for label in g.labels.iter().filter(|l| !series.has_label(l)) {
-                out.push(format!(
-                    "`{} ({})`: `{}` has no label `{label}` (its labels: {})",
-                    g.keyword,
-                    g.labels.join(", "),
-                    s.name,
+            }
+            if !series.has_label(&m.name) {
+                problems.push(format!(
+                    "`{name}` has no label `{}` (its labels: {})",
+                    m.name,
                     series.labels()
                 ));
             }
+            if m.value.contains('$') && matches!(m.op, MatchOp::Equal | MatchOp::NotEqual) {
+                problems.push(format!(
+                    "`{}{}\"{}\"`: a Grafana variable (several values, or All) needs `=~`",
+                    m.name, m.op, m.value
+                ));
+            }
+        }
+        let mut labels = series.labels.clone();
+        labels.extend(TARGET_LABELS.map(str::to_owned));
+        self.reading.problems.extend(problems);
+        Some(labels)
+    }
+
+    /// `keyword (labels)` applied to `of`, the labels of `what`: each must be one of them.
+    fn grouping(&mut self, keyword: &str, labels: &[String], of: &Labels, what: &str) {
+        let Some(of) = of else { return };
+        for label in labels.iter().filter(|l| !of.contains(*l)) {
+            self.problem(format!(
+                "`{keyword} ({})`: {what} has no label `{label}` (its labels: {})",
+                labels.join(", "),
+                list(of)
+            ));
         }
     }
-    for c in &q.calls {
-        let inside: Vec<(&Selector, &Series)> = q
-            .selectors
-            .iter()
-            .filter(|s| c.args.contains(&s.at))
-            .filter_map(|s| Some((s, truth.series.get(&s.name)?)))
-            .collect();
-        match c.name.as_str() {
+
+    fn aggregate(&mut self, a: &AggregateExpr) -> Labels {
+        let op = a.op.to_string();
+        let param = a.param.as_deref().and_then(|p| match p {
+            Expr::StringLiteral(s) => Some(s.val.clone()),
+            other => {
+                self.expr(other);
+                None
+            }
+        });
+        let inner = self.expr(&a.expr);
+        let what = format!("the argument of `{op}`");
+        let mut out = match &a.modifier {
+            Some(LabelModifier::Include(by)) => {
+                self.grouping("by", &by.labels, &inner, &what);
+                Some(by.labels.iter().cloned().collect())
+            }
+            Some(LabelModifier::Exclude(without)) => {
+                self.grouping("without", &without.labels, &inner, &what);
+                inner.clone().map(|labels| {
+                    let mut labels = labels;
+                    labels.retain(|l| !without.labels.contains(l));
+                    labels
+                })
+            }
+            None => Some(BTreeSet::new()),
+        };
+        if SELECTING.contains(&op.as_str()) {
+            out = inner;
+        } else if let (Some(out), Some(label)) = (&mut out, param.filter(|_| op == "count_values"))
+        {
+            out.insert(label);
+        }
+        out
+    }
+
+    fn binary(&mut self, b: &BinaryExpr) -> Labels {
+        let lhs = self.expr(&b.lhs);
+        let rhs = self.expr(&b.rhs);
+        let (lhs, rhs) = match (lhs, rhs) {
+            (Some(lhs), Some(rhs)) => (lhs, rhs),
+            // A number and a vector: the vector's labels.
+            (Some(vector), None) | (None, Some(vector)) => return Some(vector),
+            (None, None) => return None,
+        };
+        let modifier = b.modifier.as_ref();
+        let matching = modifier.and_then(|m| m.matching.as_ref());
+        let (on, matched) = match matching {
+            Some(LabelModifier::Include(on)) => (true, on.labels.clone()),
+            Some(LabelModifier::Exclude(ignoring)) => (false, ignoring.labels.clone()),
+            None => (false, Vec::new()),
+        };
+        let keyword = if on { "on" } else { "ignoring" };
+        if on || !matched.is_empty() {
+            self.grouping(keyword, &matched, &Some(lhs.clone()), "the left side");
+            self.grouping(keyword, &matched, &Some(rhs.clone()), "the right side");
+        }
+        let card = modifier.map(|m| &m.card);
+        match card {
+            Some(VectorMatchCardinality::ManyToOne(include)) => {
+                self.grouping("group_left", &include.labels, &Some(rhs), "the right side");
+                let mut out = lhs;
+                out.extend(include.labels.iter().cloned());
+                Some(out)
+            }
+            Some(VectorMatchCardinality::OneToMany(include)) => {
+                self.grouping("group_right", &include.labels, &Some(lhs), "the left side");
+                let mut out = rhs;
+                out.extend(include.labels.iter().cloned());
+                Some(out)
+            }
+            _ if b.op.is_set_operator() => match b.op.to_string().as_str() {
+                // `or`: series of either side.
+                "or" => Some(lhs.intersection(&rhs).cloned().collect()),
+                // `and`, `unless`: the left side's series.
+                _ => Some(lhs),
+            },
+            // One to one: the labels both sides share; `on` keeps only its own.
+            _ if on => Some(matched.into_iter().filter(|l| lhs.contains(l)).collect()),
+            _ => Some(
+                lhs.intersection(&rhs)
+                    .filter(|l| !matched.contains(*l))
+                    .cloned()
+                    .collect(),
+            ),
+        }
+    }
+
+    fn call(&mut self, c: &Call) -> Labels {
+        let name = c.func.name;
+        if UNFOLLOWED.contains(&name) {
+            self.problem(format!(
+                "`{name}()` makes labels this checker cannot follow"
+            ));
+        }
+        let args: Vec<Labels> = c.args.args.iter().map(|arg| self.expr(arg)).collect();
+        // The selectors under each argument, with their series.
+        let under = |i: usize| -> Vec<(String, &Series)> {
+            c.args
+                .args
+                .get(i)
+                .map(|arg| selectors(arg))
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|vs| Some((vs.name.clone()?, self.series(vs)?)))
+                .collect()
+        };
+        let mut problems = Vec::new();
+        match name {
             "rate" | "irate" | "increase" | "resets" => {
-                for (s, series) in inside.iter().filter(|(_, series)| !series.is_counter()) {
-                    out.push(format!(
-                        "`{}()` of `{}`, a {:?}: it takes counters (a histogram's too)",
-                        c.name, s.name, series.kind
+                for (s, series) in under(0).into_iter().filter(|(_, s)| !s.is_counter()) {
+                    problems.push(format!(
+                        "`{name}()` of `{s}`, a {:?}: it takes counters (a histogram's too)",
+                        series.kind
                     ));
                 }
             }
             "delta" | "idelta" | "deriv" | "predict_linear" => {
-                for (s, _) in inside.iter().filter(|(_, series)| series.is_counter()) {
-                    out.push(format!("`{}()` of `{}`, a counter", c.name, s.name));
+                for (s, _) in under(0).into_iter().filter(|(_, s)| s.is_counter()) {
+                    problems.push(format!("`{name}()` of `{s}`, a counter"));
                 }
             }
             "histogram_quantile" => {
-                for (s, _) in inside.iter().filter(|(_, series)| {
-                    (series.kind, series.part) != (Kind::Histogram, Part::Bucket)
-                }) {
-                    out.push(format!(
-                        "`histogram_quantile()` over `{}`, not a histogram's `_bucket` series",
-                        s.name
+                for (s, _) in under(1)
+                    .into_iter()
+                    .filter(|(_, s)| (s.kind, s.part) != (Kind::Histogram, Part::Bucket))
+                {
+                    problems.push(format!(
+                        "`histogram_quantile()` over `{s}`, not a histogram's `_bucket` series"
                     ));
                 }
-                for g in q
-                    .groupings
-                    .iter()
-                    .filter(|g| c.args.contains(&g.scope.start))
+                if let Some(Some(labels)) = args.get(1)
+                    && !labels.contains("le")
                 {
-                    let has_le = g.labels.iter().any(|l| l == "le");
-                    if (g.keyword == "by") != has_le {
-                        out.push(format!(
-                            "`{} ({})` inside `histogram_quantile()` loses `le`",
-                            g.keyword,
-                            g.labels.join(", ")
-                        ));
-                    }
+                    problems.push(format!(
+                        "`histogram_quantile()` over a result without `le` (its labels: {}): \
+                         an aggregation inside it loses `le`",
+                        list(labels)
+                    ));
                 }
             }
             _ => {}
         }
-    }
-    out.dedup();
-    out
-}
-
-/// The labels the result of `expr` can have (for legends and annotations): those of every
-/// series it reads, kept by every `by`, none after an aggregation without one.
-fn result_labels(expr: &str, truth: &Truth) -> BTreeSet<String> {
-    let Ok(q) = analyze(expr) else {
-        return BTreeSet::new();
-    };
-    let mut out: Option<BTreeSet<String>> = None;
-    let mut meet = |set: BTreeSet<String>| {
-        out = Some(match out.take() {
-            Some(o) => o.intersection(&set).cloned().collect(),
-            None => set,
-        });
-    };
-    for series in q.selectors.iter().filter_map(|s| truth.series.get(&s.name)) {
-        let mut labels = series.labels.clone();
-        labels.extend(TARGET_LABELS.map(str::to_owned));
-        meet(labels);
-    }
-    for g in q.groupings.iter().filter(|g| g.keyword == "by") {
-        meet(g.labels.iter().cloned().collect());
-    }
-    for c in &q.calls {
-        if is_one_of(AGGREGATIONS, &c.name) && !c.grouped {
-            meet(BTreeSet::new());
+        self.reading.problems.extend(problems);
+        match name {
+            _ if UNFOLLOWED.contains(&name) => None,
+            "histogram_quantile" => args.get(1).cloned().flatten().map(|mut labels| {
+                labels.remove("le");
+                labels
+            }),
+            "vector" | "absent" | "absent_over_time" => Some(BTreeSet::new()),
+            _ if c.func.return_type == promql_parser::parser::value::ValueType::Scalar => None,
+            // The others keep the labels of their series argument.
+            _ => args.into_iter().flatten().next(),
         }
     }
-    let mut out = out.unwrap_or_default();
-    for g in q.groupings.iter().filter(|g| g.keyword == "without") {
-        for label in &g.labels {
-            out.remove(label);
-        }
-    }
-    if q.calls.iter().any(|c| c.name == "histogram_quantile") {
-        out.remove("le");
-    }
-    out
 }
 
 /// The names between `{{` and `}}` (Grafana's legends) or after `$labels.` (Prometheus'
@@ -900,257 +795,174 @@ fn template_labels(text: &str) -> Vec<String> {
     out
 }
 
-/// The families `expr` reads.
-fn families(expr: &str, truth: &Truth) -> BTreeSet<String> {
-    analyze(expr)
-        .map(|q| {
-            q.selectors
-                .iter()
-                .filter_map(|s| Some(truth.series.get(&s.name)?.family.clone()))
-                .collect()
-        })
-        .unwrap_or_default()
+// ---------------------------------------------------------------------------------------------
+// The rule file and its promtool tests, read as YAML.
+
+/// A Prometheus rule file, as far as the kit uses one: alerting rules only. A key it does not
+/// know (a recording rule's `record`, a misspelt key) is an error, not skipped.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleFile {
+    groups: Vec<RuleGroup>,
 }
 
-// ---------------------------------------------------------------------------------------------
-// The rule file, read line by line.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleGroup {
+    name: String,
+    #[serde(default, rename = "interval")]
+    _interval: Option<String>,
+    #[serde(default, rename = "limit")]
+    _limit: Option<u64>,
+    rules: Vec<Rule>,
+}
 
-#[derive(Debug, Default)]
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Rule {
     alert: String,
-    line: usize,
     expr: String,
+    #[serde(default, rename = "for")]
     for_: String,
+    #[serde(default, rename = "keep_firing_for")]
+    _keep_firing_for: Option<String>,
+    #[serde(default)]
     labels: BTreeMap<String, String>,
+    #[serde(default)]
     annotations: BTreeMap<String, String>,
 }
 
-/// `key: value` (the value may be empty).
-fn key_value(text: &str, n: usize) -> Result<(&str, &str), String> {
-    let (key, value) = text
-        .split_once(':')
-        .ok_or_else(|| format!("line {n}: not `key: value`"))?;
-    if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return Err(format!("line {n}: key {key:?}"));
-    }
-    Ok((key, value.trim()))
+/// The groups of a rule file.
+fn read_groups(text: &str) -> Result<Vec<RuleGroup>, String> {
+    let file: RuleFile = yaml_serde::from_str(text).map_err(|e| e.to_string())?;
+    Ok(file.groups)
 }
 
-/// A one-line scalar: plain, `"double"` or `'single'` quoted.
-fn scalar(value: &str, n: usize) -> Result<String, String> {
-    let mut out = String::new();
-    let rest = if let Some(body) = value.strip_prefix('"') {
-        let mut chars = body.char_indices();
-        loop {
-            match chars.next() {
-                None => return Err(format!("line {n}: an unclosed \"")),
-                Some((_, '\\')) => match chars.next() {
-                    Some((_, 'n')) => out.push('\n'),
-                    Some((_, c)) => out.push(c),
-                    None => return Err(format!("line {n}: a \\ at the end")),
-                },
-                Some((i, '"')) => break &body[i + 1..],
-                Some((_, c)) => out.push(c),
-            }
-        }
-    } else if let Some(body) = value.strip_prefix('\'') {
-        let mut rest = body;
-        loop {
-            let end = rest
-                .find('\'')
-                .ok_or_else(|| format!("line {n}: an unclosed '"))?;
-            out.push_str(&rest[..end]);
-            rest = &rest[end + 1..];
-            match rest.strip_prefix('\'') {
-                Some(more) => {
-                    out.push('\'');
-                    rest = more;
-                }
-                None => break rest,
-            }
-        }
-    } else {
-        if value.starts_with(['{', '[', '&', '*', '!', '%', '@', '`']) {
-            return Err(format!("line {n}: YAML this reader does not read: {value}"));
-        }
-        let plain = value.split(" #").next().unwrap_or("");
-        return Ok(plain.trim().to_owned());
-    };
-    let rest = rest.trim();
-    if !rest.is_empty() && !rest.starts_with('#') {
-        return Err(format!("line {n}: text after a quoted value: {rest}"));
-    }
-    Ok(out)
-}
-
-/// The value of a key at column `column`: one line, or a block scalar (`|`, `>`, with a `-`
-/// or `+` after) in the lines after it; the index of the line after the value.
-fn value(
-    lines: &[&str],
-    next: usize,
-    column: usize,
-    v: &str,
-    n: usize,
-) -> Result<(String, usize), String> {
-    let Some(style) = v.chars().next().filter(|c| ['|', '>'].contains(c)) else {
-        return Ok((scalar(v, n)?, next));
-    };
-    if !["", "-", "+"].contains(&&v[1..]) {
-        return Err(format!("line {n}: block scalar header {v:?}"));
-    }
-    let mut end = next;
-    while end < lines.len() {
-        let line = lines[end];
-        let trimmed = line.trim_start();
-        if !trimmed.is_empty() && line.len() - trimmed.len() <= column {
-            break;
-        }
-        end += 1;
-    }
-    let block = &lines[next..end];
-    let indent = block
-        .iter()
-        .find(|l| !l.trim().is_empty())
-        .map_or(0, |l| l.len() - l.trim_start().len());
-    let body: Vec<&str> = block
-        .iter()
-        .map(|l| l.get(indent..).unwrap_or(""))
-        .collect();
-    let text = if style == '|' {
-        body.join("\n")
-    } else {
-        // Folded: lines joined by spaces, an empty line a line break.
-        body.split(|l| l.is_empty())
-            .map(|para| para.join(" "))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    Ok((text.trim_end().to_owned(), end))
-}
-
+/// The alerting rules of a rule file, every group's.
 fn read_rules(text: &str) -> Result<Vec<Rule>, String> {
-    let lines: Vec<&str> = text.lines().collect();
-    let mut rules = Vec::new();
-    // The rule being read, and its keys' column.
-    let mut current: Option<(Rule, usize)> = None;
-    let mut section: Option<String> = None;
-    let mut i = 0;
-    while i < lines.len() {
-        let (line, n) = (lines[i], i + 1);
-        i += 1;
-        let trimmed = line.trim_start();
-        if trimmed.is_empty() || trimmed.starts_with('#') {
-            continue;
-        }
-        if line.contains('\t') {
-            return Err(format!("line {n}: a tab"));
-        }
-        let indent = line.len() - trimmed.len();
-        if let Some(item) = trimmed.strip_prefix("- ") {
-            let (key, v) = key_value(item, n)?;
-            rules.extend(current.take().map(|(rule, _)| rule));
-            section = None;
-            match key {
-                "alert" => {
-                    let rule = Rule {
-                        alert: scalar(v, n)?,
-                        line: n,
-                        ..Rule::default()
-                    };
-                    current = Some((rule, indent + 2));
-                }
-                "name" => {} // a group
-                _ => {
-                    return Err(format!(
-                        "line {n}: a list item `{key}` (recording rules are not read)"
-                    ));
-                }
-            }
-            continue;
-        }
-        let (key, v) = key_value(trimmed, n)?;
-        match &mut current {
-            Some((rule, column)) if indent == *column => {
-                section = None;
-                let (v, next) = value(&lines, i, indent, v, n)?;
-                i = next;
-                match key {
-                    "expr" => rule.expr = v,
-                    "for" => rule.for_ = v,
-                    "keep_firing_for" => {}
-                    "labels" | "annotations" if v.is_empty() => section = Some(key.to_owned()),
-                    _ => return Err(format!("line {n}: a rule's key `{key}`")),
-                }
-            }
-            Some((rule, column)) if indent > *column => {
-                let (v, next) = value(&lines, i, indent, v, n)?;
-                i = next;
-                match section.as_deref() {
-                    Some("labels") => rule.labels.insert(key.to_owned(), v),
-                    Some("annotations") => rule.annotations.insert(key.to_owned(), v),
-                    _ => return Err(format!("line {n}: `{key}` indented under nothing")),
-                };
-            }
-            _ => {
-                rules.extend(current.take().map(|(rule, _)| rule));
-                if !["groups", "rules", "interval", "limit"].contains(&key) {
-                    return Err(format!("line {n}: a group's key `{key}`"));
-                }
-            }
-        }
-    }
-    rules.extend(current.map(|(rule, _)| rule));
-    Ok(rules)
+    Ok(read_groups(text)?
+        .into_iter()
+        .flat_map(|group| group.rules)
+        .collect())
 }
 
 /// A Prometheus duration (`5m`, `1h30m`), in seconds.
 fn duration(text: &str) -> Option<u64> {
-    let mut total = 0;
-    let mut rest = text;
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit())?;
-        let number: u64 = rest[..digits].parse().ok()?;
-        let unit_end = rest[digits..]
-            .find(|c: char| c.is_ascii_digit())
-            .map_or(rest.len(), |e| digits + e);
-        let unit = match &rest[digits..unit_end] {
-            "ms" => 0,
-            "s" => 1,
-            "m" => 60,
-            "h" => 3600,
-            "d" => 86_400,
-            "w" => 604_800,
-            "y" => 31_536_000,
-            _ => return None,
-        };
-        total += number * unit;
-        rest = &rest[unit_end..];
-    }
-    Some(total)
+    promql_parser::util::parse_duration(text)
+        .ok()
+        .map(|d| d.as_secs())
+}
+
+/// A promtool unit-test file (`promtool test rules`), the parts the kit checks: which rule
+/// files it loads, the series it feeds, and the alerts it expects when.
+#[derive(Debug, Deserialize)]
+struct RuleTests {
+    rule_files: Vec<String>,
+    tests: Vec<RuleTest>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RuleTest {
+    #[serde(default)]
+    name: String,
+    input_series: Vec<InputSeries>,
+    #[serde(default)]
+    alert_rule_test: Vec<AlertTest>,
+}
+
+#[derive(Debug, Deserialize)]
+struct InputSeries {
+    series: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct AlertTest {
+    alertname: String,
+    eval_time: String,
+    #[serde(default)]
+    exp_alerts: Vec<ExpectedAlert>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ExpectedAlert {
+    #[serde(default)]
+    exp_labels: BTreeMap<String, String>,
 }
 
 // ---------------------------------------------------------------------------------------------
 // The kit, checked.
 
+/// Where every alert's `runbook_url` points: the runbook, on the repository's main branch
+/// (Cargo.toml's `repository`), at the section named after the alert.
+const RUNBOOK_URL: &str = concat!(env!("CARGO_PKG_REPOSITORY"), "/blob/main/ops/README.md");
+
+/// An alert's description is at most this long: what fired, in a sentence or two; the
+/// thresholds' reasons and what to do are the runbook's.
+const DESCRIPTION_MAX: usize = 250;
+
+/// The annotations every alert has, and the only ones.
+const ANNOTATIONS: [&str; 3] = ["summary", "description", "runbook_url"];
+
 struct Kit {
     dashboard: Value,
-    rules: Vec<Rule>,
-    rules_text: String,
+    groups: Vec<RuleGroup>,
+    tests: RuleTests,
+    runbook: String,
+}
+
+impl Kit {
+    fn rules(&self) -> impl Iterator<Item = &Rule> {
+        self.groups.iter().flat_map(|group| &group.rules)
+    }
+}
+
+fn read_file(path: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 fn kit() -> Kit {
-    let read = |path: &str| {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
-        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-    };
-    let dashboard = serde_json::from_str(&read(DASHBOARD)).expect("the dashboard is JSON");
-    let rules_text = read(RULES);
-    let rules = read_rules(&rules_text).unwrap_or_else(|e| panic!("{RULES}: {e}"));
+    let dashboard = serde_json::from_str(&read_file(DASHBOARD)).expect("the dashboard is JSON");
+    let groups = read_groups(&read_file(RULES)).unwrap_or_else(|e| panic!("{RULES}: {e}"));
+    let tests = yaml_serde::from_str(&read_file(RULE_TESTS))
+        .unwrap_or_else(|e| panic!("{RULE_TESTS}: {e}"));
     Kit {
         dashboard,
-        rules,
-        rules_text,
+        groups,
+        tests,
+        runbook: read_file(RUNBOOK),
     }
+}
+
+/// The headings of a Markdown text, outside its code blocks.
+fn headings(markdown: &str) -> Vec<&str> {
+    let mut fenced = false;
+    let mut out = Vec::new();
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        let level = line.chars().take_while(|&c| c == '#').count();
+        if !fenced && (1..=6).contains(&level) && line[level..].starts_with(' ') {
+            out.push(line[level..].trim());
+        }
+    }
+    out
+}
+
+/// GitHub's anchor for a heading: lower case, spaces as `-`, punctuation but `-` and `_`
+/// dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Every panel, those inside rows included.
@@ -1318,20 +1130,23 @@ fn dashboard_problems(dashboard: &Value, truth: &Truth) -> (Vec<String>, BTreeSe
 
 fn rules_problems(kit: &Kit, truth: &Truth) -> Vec<String> {
     let mut out = Vec::new();
-    let exprs = kit
-        .rules_text
-        .lines()
-        .filter(|l| l.trim_start().starts_with("expr:"))
-        .count();
-    if kit.rules.is_empty() || exprs != kit.rules.len() {
-        out.push(format!(
-            "{RULES}: {} rules read, {exprs} `expr:` lines",
-            kit.rules.len()
-        ));
+    let mut groups = BTreeSet::new();
+    for group in &kit.groups {
+        if group.name.is_empty() || !groups.insert(&group.name) {
+            out.push(format!(
+                "{RULES}: group {:?}: empty or named twice",
+                group.name
+            ));
+        }
+    }
+    let headings = headings(&kit.runbook);
+    let anchors: Vec<String> = headings.iter().map(|h| anchor(h)).collect();
+    if kit.rules().next().is_none() {
+        out.push(format!("{RULES}: no alert"));
     }
     let mut alerts = BTreeSet::new();
-    for rule in &kit.rules {
-        let here = format!("{RULES}:{}: {}", rule.line, rule.alert);
+    for rule in kit.rules() {
+        let here = format!("{RULES}: {}", rule.alert);
         if !alerts.insert(&rule.alert) {
             out.push(format!("{here}: named twice"));
         }
@@ -1350,10 +1165,40 @@ fn rules_problems(kit: &Kit, truth: &Truth) -> Vec<String> {
         if !matches!(severity, Some("critical" | "warning" | "info")) {
             out.push(format!("{here}: severity {severity:?}"));
         }
-        for key in ["summary", "description"] {
+        for key in ANNOTATIONS {
             if rule.annotations.get(key).is_none_or(String::is_empty) {
                 out.push(format!("{here}: no {key}"));
             }
+        }
+        for key in rule.annotations.keys() {
+            if !ANNOTATIONS.contains(&key.as_str()) {
+                out.push(format!(
+                    "{here}: annotation {key:?}, want only {ANNOTATIONS:?}"
+                ));
+            }
+        }
+        if let Some(description) = rule.annotations.get("description")
+            && (description.len() > DESCRIPTION_MAX || description.contains('\n'))
+        {
+            out.push(format!(
+                "{here}: a description of {} characters, or of several lines: say what fired \
+                 in at most {DESCRIPTION_MAX}, and the rest in the runbook ({RUNBOOK})",
+                description.len()
+            ));
+        }
+        // Its runbook section: a heading named after the alert, and the URL its anchor.
+        let want = format!("{RUNBOOK_URL}#{}", anchor(&rule.alert));
+        if rule.annotations.get("runbook_url") != Some(&want) {
+            out.push(format!(
+                "{here}: runbook_url {:?}, want {want:?}",
+                rule.annotations.get("runbook_url")
+            ));
+        }
+        if !headings.contains(&rule.alert.as_str()) {
+            out.push(format!(
+                "{here}: {RUNBOOK} has no section `### {}`",
+                rule.alert
+            ));
         }
         let labels = result_labels(&rule.expr, truth);
         for text in rule.annotations.values() {
@@ -1365,6 +1210,85 @@ fn rules_problems(kit: &Kit, truth: &Truth) -> Vec<String> {
                     "{here}: `$labels.{label}` is not a label of the result"
                 ));
             }
+        }
+    }
+    // Every anchor of the runbook is one (GitHub numbers a second one alike), and every alert
+    // section is a rule's.
+    let mut seen = BTreeSet::new();
+    for (heading, anchor) in headings.iter().zip(&anchors) {
+        if !seen.insert(anchor) {
+            out.push(format!(
+                "{RUNBOOK}: the anchor #{anchor} twice ({heading:?})"
+            ));
+        }
+        if heading.starts_with("TowerSqliteRetry") && !kit.rules().any(|r| r.alert == *heading) {
+            out.push(format!(
+                "{RUNBOOK}: a section for {heading}, which is no alert"
+            ));
+        }
+    }
+    out
+}
+
+/// The promtool unit tests of the rules: they feed only series the crate emits (as a real
+/// scrape names and labels them), expect only labels the alert has, and show each alert both
+/// firing and not.
+fn rule_tests_problems(kit: &Kit, truth: &Truth) -> Vec<String> {
+    let mut out = Vec::new();
+    let tests = &kit.tests;
+    let rules_file = RULES.rsplit('/').next().unwrap();
+    if tests.rule_files != [rules_file] {
+        out.push(format!(
+            "{RULE_TESTS}: rule_files {:?}, want [{rules_file:?}]",
+            tests.rule_files
+        ));
+    }
+    let mut fired = BTreeSet::new();
+    let mut quiet = BTreeSet::new();
+    for test in &tests.tests {
+        let here = format!("{RULE_TESTS}: test {:?}", test.name);
+        for input in &test.input_series {
+            match parse(&input.series) {
+                Ok(Expr::VectorSelector(_)) => out.extend(
+                    problems(&input.series, truth)
+                        .into_iter()
+                        .map(|p| format!("{here}: series {}: {p}", input.series)),
+                ),
+                _ => out.push(format!("{here}: {} is not a series", input.series)),
+            }
+        }
+        for case in &test.alert_rule_test {
+            let here = format!("{here}, {} at {}", case.alertname, case.eval_time);
+            if duration(&case.eval_time).is_none() {
+                out.push(format!("{here}: eval_time is not a duration"));
+            }
+            let Some(rule) = kit.rules().find(|r| r.alert == case.alertname) else {
+                out.push(format!("{here}: no such alert in {RULES}"));
+                continue;
+            };
+            let mut labels = result_labels(&rule.expr, truth);
+            labels.extend(rule.labels.keys().cloned());
+            for alert in &case.exp_alerts {
+                for label in alert.exp_labels.keys().filter(|l| !labels.contains(*l)) {
+                    out.push(format!("{here}: the alert has no label `{label}`"));
+                }
+            }
+            if case.exp_alerts.is_empty() {
+                quiet.insert(&rule.alert);
+            } else {
+                fired.insert(&rule.alert);
+            }
+        }
+    }
+    for rule in kit.rules() {
+        if !fired.contains(&rule.alert) {
+            out.push(format!("{RULE_TESTS}: no test where {} fires", rule.alert));
+        }
+        if !quiet.contains(&rule.alert) {
+            out.push(format!(
+                "{RULE_TESTS}: no test where {} does not fire",
+                rule.alert
+            ));
         }
     }
     out
@@ -1413,9 +1337,29 @@ async fn the_kit_queries_only_what_the_crate_emits() {
             };
             assert_eq!(described[*name], want, "{mode}: {name}");
         }
+        // Every metric of the write path has the `database` label; the failed sync of the
+        // drive is counted as a write transaction that failed at `sync`.
+        for (name, series) in truth
+            .series
+            .iter()
+            .filter(|(name, _)| name.starts_with("tower_sqlite_retry_write_"))
+        {
+            assert!(
+                series.labels.contains("database"),
+                "{mode}: {name} {}",
+                series.labels()
+            );
+        }
+        assert!(
+            scrape.contains(
+                "tower_sqlite_retry_write_errors_total{database=\"test.db\",stage=\"sync\"} 1\n"
+            ),
+            "{mode}: {scrape}"
+        );
 
         let (mut wrong, shown) = dashboard_problems(&kit.dashboard, &truth);
         wrong.extend(rules_problems(&kit, &truth));
+        wrong.extend(rule_tests_problems(&kit, &truth));
         assert!(
             wrong.is_empty(),
             "{mode}: the kit queries what the crate does not emit:\n{}",
@@ -1431,9 +1375,16 @@ async fn the_kit_queries_only_what_the_crate_emits() {
         let queries = dashboard_queries(&kit.dashboard)
             .into_iter()
             .map(|(here, expr, _)| (here, expr))
-            .chain(kit.rules.iter().map(|r| (r.alert.clone(), r.expr.clone())));
+            .chain(kit.rules().map(|r| (r.alert.clone(), r.expr.clone())))
+            .chain(
+                kit.tests
+                    .tests
+                    .iter()
+                    .flat_map(|t| &t.input_series)
+                    .map(|s| (RULE_TESTS.to_owned(), s.series.clone())),
+            );
         for (here, expr) in queries {
-            let name = &analyze(&expr).unwrap().selectors[0].name;
+            let name = read(&expr, &truth).names[0].clone();
             let misspelt = expr.replacen(name.as_str(), &format!("{name}s"), 1);
             assert!(
                 !problems(&misspelt, &truth).is_empty(),
@@ -1472,6 +1423,9 @@ fn the_checker_rejects_what_the_crate_does_not_emit() {
         "sum(rate(app_held_seconds_sum[5m])) by (database) > 0.9",
         "sum by (database) (rate(app_members_sum[5m])) / on (database) sum by (database) (rate(app_members_count[5m]))",
         "max by (instance, job) (app_waiting)",
+        "sum(increase(app_requests_total[$__range])) / sum(increase(app_requests_total[$__range]))",
+        "app_waiting * on (database) group_left (quantile) app_members",
+        "topk by (database) (3, app_held_seconds_count)",
     ];
     for expr in good {
         assert_eq!(problems(expr, &truth), Vec::<String>::new(), "{expr}");
@@ -1495,6 +1449,14 @@ fn the_checker_rejects_what_the_crate_does_not_emit() {
             "app_waiting / on (outcome) app_held_seconds_count",
             "no label `outcome`",
         ),
+        (
+            "app_waiting * on (database) group_left (outcome) app_members",
+            "no label `outcome`",
+        ),
+        (
+            "sum without (outcom) (app_requests_total)",
+            "no label `outcom`",
+        ),
         ("rate(app_waiting[5m])", "it takes counters"),
         ("deriv(app_requests_total[5m])", "a counter"),
         (
@@ -1505,9 +1467,13 @@ fn the_checker_rejects_what_the_crate_does_not_emit() {
             "histogram_quantile(0.9, sum by (database) (rate(app_held_seconds_bucket[5m])))",
             "loses `le`",
         ),
-        ("rat(app_requests_total[5m])", "not a PromQL function"),
+        // PromQL's own rules, the parser's: an unknown function, a missing `)`, a range
+        // vector where an instant one goes, a Grafana variable outside a string.
+        ("rat(app_requests_total[5m])", "cannot read the query"),
+        ("sum(rate(app_requests_total[5m])", "cannot read the query"),
+        ("sum(app_requests_total[5m])", "cannot read the query"),
+        ("app_waiting > $threshold", "cannot read the query"),
         (r#"app_requests_total{http_route="$route"}"#, "needs `=~`"),
-        ("sum(rate(app_requests_total[5m])", "without its `)`"),
         ("{__name__=\"app_waiting\"}", "without a metric name"),
         (
             r#"label_replace(app_waiting, "d", "$1", "database", "(.*)")"#,
@@ -1534,6 +1500,18 @@ fn the_checker_rejects_what_the_crate_does_not_emit() {
     assert_eq!(
         result_labels(quantile, &truth),
         BTreeSet::from(["database".to_owned()])
+    );
+    // One to one with `on`: only its labels; `group_left`: the left side's and those it takes.
+    assert_eq!(
+        result_labels("app_waiting / on (database) app_held_seconds_count", &truth),
+        BTreeSet::from(["database".to_owned()])
+    );
+    assert_eq!(
+        result_labels(
+            "app_waiting * on (database) group_left (quantile) app_members",
+            &truth
+        ),
+        BTreeSet::from(["database", "instance", "job", "quantile"].map(str::to_owned))
     );
     assert_eq!(
         template_labels("{{ $labels.database }} at {{ $value | humanize }}: {{outcome}}"),
@@ -1570,13 +1548,10 @@ groups:
         for: 1h30m
         labels: {}
 "#;
-    let err = read_rules(text).unwrap_err();
-    assert!(err.contains("line 26"), "flow mappings are refused: {err}");
-    let rules =
-        read_rules(&text.replace("labels: {}", "labels:\n          severity: info")).unwrap();
+    let rules = read_rules(text).unwrap();
     assert_eq!(rules.len(), 2);
     assert_eq!(rules[0].alert, "Literal");
-    assert_eq!(rules[0].expr, "sum by (x) (\n  rate(a_total[5m])\n) > 0");
+    assert_eq!(rules[0].expr, "sum by (x) (\n  rate(a_total[5m])\n) > 0\n");
     assert_eq!(rules[0].for_, "5m");
     assert_eq!(rules[0].labels["severity"], "warning");
     assert_eq!(
@@ -1589,10 +1564,169 @@ groups:
         ("Inline", "a_total > 1")
     );
     assert_eq!(duration(&rules[1].for_), Some(5400));
-    assert_eq!(rules[1].labels["severity"], "info");
-    // A recording rule, a key out of place: said, not skipped.
-    assert!(read_rules("groups:\n  - name: g\n    rules:\n      - record: r\n").is_err());
-    assert!(
-        read_rules("groups:\n  - name: g\n    rules:\n      - alert: A\n        exp: x\n").is_err()
+    // A flow mapping is YAML too: no labels, which the kit's check then says (no severity).
+    assert!(rules[1].labels.is_empty());
+    // A recording rule, a key out of place, a tab for indentation: said, not skipped.
+    let err = read_rules("groups:\n  - name: g\n    rules:\n      - record: r\n        expr: x\n")
+        .unwrap_err();
+    assert!(err.contains("record"), "{err}");
+    let err = read_rules("groups:\n  - name: g\n    rules:\n      - alert: A\n        exp: x\n")
+        .unwrap_err();
+    assert!(err.contains("exp"), "{err}");
+    assert!(read_rules("groups:\n\t- name: g\n").is_err());
+}
+
+/// The runbook's anchors as GitHub makes them, and the headings outside code blocks only.
+#[test]
+fn runbook_anchors_are_github_s() {
+    assert_eq!(
+        anchor("TowerSqliteRetryWriteTurnSaturated"),
+        "towersqliteretrywriteturnsaturated"
     );
+    assert_eq!(anchor("1. Export the metrics"), "1-export-the-metrics");
+    assert_eq!(
+        anchor("The names `Prometheus` sees"),
+        "the-names-prometheus-sees"
+    );
+    assert_eq!(
+        headings("# Kit\n\n```yaml\n# a comment\n```\n### Alert\n#not a heading\n"),
+        ["Kit", "Alert"]
+    );
+}
+
+/// The write-errors counter, stage by stage, from real failures of real write transactions:
+/// no turn within the pool's `acquire_timeout` (a `WritePool`'s and a `WriteQueue`'s), a
+/// `BEGIN IMMEDIATE` refused by another connection's lock, a `COMMIT` refused by a deferred
+/// foreign key, a rollback of a transaction that a raw `ROLLBACK` already ended, a closed pool
+/// before any database was known. (`sync`: the drive's failed WAL sync, in the main test.)
+#[tokio::test]
+async fn write_failures_are_counted_by_stage() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use tower_sqlite_retry::metrics::recorder;
+    use tower_sqlite_retry::write::WriteQueue;
+
+    let debugging = DebuggingRecorder::new();
+    let snapshotter = debugging.snapshotter();
+    let _local = metrics::set_default_local_recorder(&debugging);
+
+    let db = TestDb::new();
+    let pool = SqlitePoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_millis(100))
+        .connect_with(db.options(Duration::ZERO))
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE TABLE parents (id INTEGER PRIMARY KEY);
+         CREATE TABLE children (parent INTEGER REFERENCES parents (id)
+             DEFERRABLE INITIALLY DEFERRED)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let writes = WritePool::new(pool.clone());
+
+    // `turn`: the turn is held past the pool's acquire_timeout, for a WritePool and a
+    // WriteQueue on the same file.
+    let held = writes.begin().await.unwrap();
+    assert!(writes.begin().await.is_err());
+    let queue = WriteQueue::for_file(&db.path);
+    assert!(queue.turn(Duration::from_millis(20)).await.is_err());
+    held.rollback().await.unwrap();
+
+    // `begin`: another connection holds the write lock, and the busy timeout is 0.
+    let lock = db.hold_write_lock().await;
+    assert!(writes.begin().await.is_err());
+    lock.release().await;
+
+    // `commit`: the deferred foreign key fails the COMMIT (rolled back).
+    let mut tx = writes.begin().await.unwrap();
+    sqlx::query("INSERT INTO children (parent) VALUES (42)")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    assert!(tx.commit().await.is_err());
+
+    // `rollback`: the transaction was ended behind the write path's back.
+    let mut tx = writes.begin().await.unwrap();
+    sqlx::query("ROLLBACK").execute(&mut *tx).await.unwrap();
+    assert!(tx.rollback().await.is_err());
+
+    // Committed and rolled back as asked: nothing counted.
+    let tx = writes.begin().await.unwrap();
+    tx.commit().await.unwrap();
+    writes.begin().await.unwrap().rollback().await.unwrap();
+
+    // `begin`, database `_unknown`: a pool closed before its first transaction asked SQLite.
+    let closed = WritePool::new(
+        SqlitePoolOptions::new()
+            .connect_with(db.options(Duration::ZERO))
+            .await
+            .unwrap(),
+    );
+    closed.pool().close().await;
+    assert!(closed.begin().await.is_err());
+
+    let mut counted: Vec<(String, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == recorder::WRITE_ERRORS)
+        .map(|(key, _, _, value)| {
+            let labels: Vec<_> = key
+                .key()
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            let DebugValue::Counter(n) = value else {
+                panic!("not a counter: {value:?}")
+            };
+            (labels.join(","), n)
+        })
+        .collect();
+    counted.sort();
+    assert_eq!(
+        counted,
+        [
+            ("database=_unknown,stage=begin".to_owned(), 1),
+            ("database=test.db,stage=begin".to_owned(), 1),
+            ("database=test.db,stage=commit".to_owned(), 1),
+            ("database=test.db,stage=rollback".to_owned(), 1),
+            ("database=test.db,stage=turn".to_owned(), 2),
+        ]
+    );
+}
+
+/// promtool, where it is installed (CI installs it, `.ci/run`): the rule file passes
+/// `promtool check rules`, and its unit tests `promtool test rules`.
+#[test]
+fn promtool_checks_the_rules_and_passes_their_tests() {
+    let ops = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("ops");
+    let promtool = |args: &[&str]| {
+        std::process::Command::new("promtool")
+            .args(args)
+            .current_dir(&ops)
+            .output()
+    };
+    if promtool(&["--version"]).is_err() {
+        eprintln!(
+            "SKIPPED: promtool is not installed (Debian's `prometheus` package has it; CI \
+             installs it)"
+        );
+        return;
+    }
+    let file = |path: &'static str| path.rsplit('/').next().unwrap();
+    for args in [
+        ["check", "rules", file(RULES)],
+        ["test", "rules", file(RULE_TESTS)],
+    ] {
+        let out = promtool(&args).unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {}:\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

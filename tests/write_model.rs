@@ -163,7 +163,18 @@ mod recorder {
 
     use crate::route::Route;
 
-    pub(crate) fn write_wait(_: Option<&Route>, _: Duration) {}
+    /// Where a write transaction failed (the crate's label values; here, nothing).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(crate) enum WriteStage {
+        Turn,
+        Begin,
+        Commit,
+        Sync,
+        Rollback,
+    }
+
+    pub(crate) fn write_wait(_: Option<&Route>, _: &Arc<str>, _: Duration) {}
+    pub(crate) fn write_error(_: Option<&Arc<str>>, _: WriteStage) {}
     pub(crate) fn write_held(_: Option<&Route>, _: &Arc<str>, _: Duration) {}
     pub(crate) fn write_waiting(_: &Arc<str>, _: i8) {}
     pub(crate) fn write_group(_: &Arc<str>, _: usize, _: Duration) {}

@@ -18,7 +18,7 @@ pub(crate) fn builder() -> PrometheusBuilder {
     #[cfg(feature = "metrics")]
     let builder = {
         use metrics_exporter_prometheus::Matcher;
-        use tower_sqlite_retry::recorder;
+        use tower_sqlite_retry::metrics::recorder;
         builder
             .set_buckets_for_metric(
                 Matcher::Full(recorder::ATTEMPTS.to_owned()),

@@ -213,7 +213,7 @@ impl Admissions {
 }
 
 /// One route that writer admission limits, as
-/// [`SqliteRetryLayer::admission_limits`](crate::SqliteRetryLayer::admission_limits) reports
+/// [`RetryMetrics::admission_limits`](crate::RetryMetrics::admission_limits) reports
 /// it: its method and route template, and how many attempts it lets run at once.
 ///
 /// The figures are read together, at one moment: by the time the caller looks, requests may

@@ -263,7 +263,7 @@
 //! **utilization** ([`WriteStats::utilization_since`]: at 1.0 the database is at its write
 //! limit). With the `metrics` feature, the time each write transaction waited for the turn
 //! and held it, per route, and the queue's length go to the `metrics` facade (the crate's
-//! `recorder` module lists them, with the feature). A transaction
+//! `metrics::recorder` module lists them, with the feature). A transaction
 //! that holds the turn longer than [`WritePool::slow_transaction`][slow] (250 ms by default) is
 //! logged at WARN with its route, at most once a second per database: the slow-transaction
 //! log. The counting costs two clock readings and a few uncontended atomics per transaction.

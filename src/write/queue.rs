@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::attempt::current_request;
+use crate::recorder::WriteStage;
 
 use super::bound::bound;
 use super::stats::{SLOW_DEFAULT, WriteStats};
@@ -86,16 +87,22 @@ impl WriteQueue {
     /// holds this file's turn (it would wait for itself).
     pub async fn turn(&self, limit: Duration) -> Result<WriteTurn, TurnError> {
         let request = current_request();
+        let failed = |error| {
+            crate::recorder::write_error(Some(self.queue.database()), WriteStage::Turn);
+            Err(error)
+        };
         if self.queue.is_held_by(request.as_ref()) {
-            return Err(TurnError::HeldByThisRequest);
+            return failed(TurnError::HeldByThisRequest);
         }
         let deadline = request.as_ref().and_then(|r| r.deadline());
-        let turn = self
+        match self
             .queue
             .take(request, self.slow, || bound(deadline, limit))
             .await
-            .ok_or(TurnError::TimedOut)?;
-        Ok(WriteTurn { turn })
+        {
+            Some(turn) => Ok(WriteTurn { turn }),
+            None => failed(TurnError::TimedOut),
+        }
     }
 }
 

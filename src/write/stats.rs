@@ -34,7 +34,6 @@ pub(crate) struct TurnCounts {
     database: Arc<str>,
     waiting: AtomicUsize,
     transactions: AtomicU64,
-    commits: AtomicU64,
     /// Group commit: fsyncs run, and the transactions they made durable.
     syncs: AtomicU64,
     synced: AtomicU64,
@@ -56,7 +55,6 @@ impl TurnCounts {
             database,
             waiting: AtomicUsize::new(0),
             transactions: AtomicU64::new(0),
-            commits: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
             synced: AtomicU64::new(0),
             sync_errors: AtomicU64::new(0),
@@ -89,7 +87,7 @@ impl TurnCounts {
         let now = Instant::now();
         self.held_since
             .store(nanos_since_base(now).saturating_add(1), Ordering::Relaxed);
-        recorder::write_wait(route, waited);
+        recorder::write_wait(route, &self.database, waited);
         now
     }
 
@@ -102,7 +100,6 @@ impl TurnCounts {
             u64::try_from(held.as_nanos()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
-        self.commits.fetch_add(1, Ordering::Relaxed);
         self.transactions.fetch_add(1, Ordering::Relaxed);
         held
     }
@@ -183,7 +180,6 @@ impl TurnCounts {
             waiting: self.waiting.load(Ordering::Relaxed),
             held: since != 0,
             transactions: self.transactions.load(Ordering::Relaxed),
-            commits: self.commits.load(Ordering::Relaxed),
             syncs: self.syncs.load(Ordering::Relaxed),
             synced: self.synced.load(Ordering::Relaxed),
             sync_errors: self.sync_errors.load(Ordering::Relaxed),
@@ -215,7 +211,7 @@ impl Drop for Waiting<'_> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_sqlite_retry::WriteQueue;
+/// use tower_sqlite_retry::write::WriteQueue;
 ///
 /// # let dir = std::env::temp_dir();
 /// let queue = WriteQueue::for_file(dir.join("stats-example.db"));
@@ -234,9 +230,6 @@ pub struct WriteStats {
     pub held: bool,
     /// Write transactions that held the turn and gave it back, since the queue was made.
     pub transactions: u64,
-    /// Times the turn was given back: one per write transaction (kept beside `transactions`
-    /// for the readings of earlier releases, when a group of transactions gave it back once).
-    pub commits: u64,
     /// Group commit: the fsyncs of the WAL it ran, since the queue was made (0 without group
     /// commit, or when it has no fsync to share).
     pub syncs: u64,
@@ -274,7 +267,6 @@ impl fmt::Debug for WriteStats {
             .field("waiting", &self.waiting)
             .field("held", &self.held)
             .field("transactions", &self.transactions)
-            .field("commits", &self.commits)
             .field("syncs", &self.syncs)
             .field("synced", &self.synced)
             .field("sync_errors", &self.sync_errors)

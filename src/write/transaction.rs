@@ -48,6 +48,7 @@ use tokio::time::Instant;
 
 #[allow(unused_imports)] // the model check's stand-in has `fence`/`deadline` as trait methods
 use crate::attempt::{RequestState, current_request};
+use crate::recorder::{self, WriteStage};
 
 use super::bound::{bound, within};
 use super::driver::Driver;
@@ -99,6 +100,17 @@ impl<D: Driver> Transaction<D> {
     /// already holding this database's turn with a transaction open: [`Driver::invalid`], at
     /// once (it would wait for itself).
     pub(super) async fn begin(home: &Arc<Shared<D>>) -> Result<Self, D::Error> {
+        // The step a failure is counted at: `turn` once the wait for it ended without it.
+        let mut stage = WriteStage::Begin;
+        let begun = Self::begin_at(home, &mut stage).await;
+        if begun.is_err() {
+            recorder::write_error(home.known_target().map(|t| t.queue.database()), stage);
+        }
+        begun
+    }
+
+    /// [`begin`](Self::begin), saying at which step it failed in `stage`.
+    async fn begin_at(home: &Arc<Shared<D>>, stage: &mut WriteStage) -> Result<Self, D::Error> {
         // Read while the layer polls the handler (or an `in_request` task).
         let request = current_request();
         if D::is_closed(&home.pool) {
@@ -115,13 +127,14 @@ impl<D: Driver> Transaction<D> {
             },
         };
         if target.queue.is_held_by(request.as_ref()) {
+            *stage = WriteStage::Turn;
             return Err(D::invalid(
                 "this request already holds the database's write turn: commit or drop its write \
                  transaction before beginning another (or use a savepoint on it)"
                     .to_owned(),
             ));
         }
-        Self::begin_in(home, target, request, deadline).await
+        Self::begin_in(home, target, request, deadline, stage).await
     }
 
     /// Waits for the turn, then begins `IMMEDIATE` on a connection.
@@ -130,13 +143,17 @@ impl<D: Driver> Transaction<D> {
         target: &super::pool::Target<D>,
         request: Option<Arc<RequestState>>,
         deadline: Option<Instant>,
+        stage: &mut WriteStage,
     ) -> Result<Self, D::Error> {
         let acquire_timeout = D::acquire_timeout(&home.pool);
         let turn = target
             .queue
             .take(request, home.slow, || bound(deadline, acquire_timeout))
             .await
-            .ok_or_else(D::timed_out)?;
+            .ok_or_else(|| {
+                *stage = WriteStage::Turn;
+                D::timed_out()
+            })?;
         // Only now a connection: waiting writers hold none. A failure gives the turn back.
         let conn = match home.idle_writer(target) {
             Some(conn) => conn,
@@ -225,6 +242,18 @@ impl<D: Driver> Transaction<D> {
     /// of this transaction left open (a nested transaction forgotten) is [`Driver::invalid`],
     /// after a rollback of everything.
     pub async fn commit(mut self) -> Result<(), D::Error> {
+        let database = Arc::clone(self.session_mut().turn().queue().database());
+        // The step a failure is counted at: `sync` once committed, `commit` before.
+        let mut stage = WriteStage::Commit;
+        let committed = self.commit_at(&mut stage).await;
+        if committed.is_err() {
+            recorder::write_error(Some(&database), stage);
+        }
+        committed
+    }
+
+    /// [`commit`](Self::commit), saying at which step it failed in `stage`.
+    async fn commit_at(mut self, stage: &mut WriteStage) -> Result<(), D::Error> {
         let session = self.session_mut();
         let depth = D::depth(session.conn());
         if depth != 1 {
@@ -300,7 +329,10 @@ impl<D: Driver> Transaction<D> {
                 }
                 match fsync {
                     // Committed and fenced: not bounded by the deadline, as a `COMMIT` is not.
-                    Some(pending) => pending.durable().await.map_err(D::group_failed),
+                    Some(pending) => pending.durable().await.map_err(|failed| {
+                        *stage = WriteStage::Sync;
+                        D::group_failed(failed)
+                    }),
                     None => Ok(()),
                 }
             }
@@ -327,6 +359,10 @@ impl<D: Driver> Transaction<D> {
     pub async fn rollback(mut self) -> Result<(), D::Error> {
         let session = self.session_mut();
         let rolled_back = D::rollback(session.conn_mut()).await;
+        if rolled_back.is_err() {
+            let database = session.turn().queue().database();
+            recorder::write_error(Some(database), WriteStage::Rollback);
+        }
         let gate = session.gate().cloned();
         let clean = rolled_back.is_ok()
             && session.roll_back_all().await

@@ -10,7 +10,7 @@
 
 use crate::common;
 
-// The exporter's setup, as the example app (and the `recorder` module's docs) make it.
+// The exporter's setup, as the example app (and the `metrics::recorder` module's docs) make it.
 use crate::prometheus as exporter;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,9 +33,8 @@ use sqlx::SqlitePool;
 use tokio::sync::{mpsc, watch};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_sqlite_retry::body::ReplayBody;
-use tower_sqlite_retry::{
-    Attempt, DbError, Jitter, RetryPolicy, Retryable, SqliteRetryLayer, recorder,
-};
+use tower_sqlite_retry::metrics::recorder;
+use tower_sqlite_retry::{Attempt, DbError, Jitter, RetryPolicy, Retryable, SqliteRetryLayer};
 
 use common::{HttpClient, TestDb, serve};
 

@@ -296,7 +296,9 @@ fn run(case: Case) -> Result<(), TestCaseError> {
             .snapshot()
             .into_vec()
             .into_iter()
-            .filter(|(key, ..)| key.key().name() == tower_sqlite_retry::recorder::QUEUE_WAIT)
+            .filter(|(key, ..)| {
+                key.key().name() == tower_sqlite_retry::metrics::recorder::QUEUE_WAIT
+            })
             .map(|(.., value)| match value {
                 metrics_util::debugging::DebugValue::Histogram(h) => h.len(),
                 _ => 0,

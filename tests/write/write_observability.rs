@@ -158,7 +158,7 @@ async fn a_slow_transaction_is_warned_at_most_once_a_second_with_its_route() {
 #[tokio::test]
 async fn the_write_path_is_measured_per_route() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-    use tower_sqlite_retry::recorder;
+    use tower_sqlite_retry::metrics::recorder;
 
     let debugging = DebuggingRecorder::new();
     let snapshotter = debugging.snapshotter();
@@ -214,7 +214,7 @@ async fn the_write_path_is_measured_per_route() {
     let route = "http_route=/items/{hold_ms}/{id},http_request_method=POST";
     let waited: Vec<f64> = wait
         .iter()
-        .filter(|(labels, _)| labels == route)
+        .filter(|(labels, _)| *labels == format!("{route},database=test.db"))
         .flat_map(|(_, v)| samples(v))
         .collect();
     assert_eq!(waited.len(), 3, "{wait:?}");

@@ -2,7 +2,11 @@
 //! [`SqliteRetryLayer::metrics`](crate::SqliteRetryLayer::metrics)) and its
 //! [`MetricsSnapshot`]; [`RetryOutcome`], the response extension that says how each request
 //! ended, with its [`Outcome`]. With the `metrics` feature the same figures also go through
-//! the `metrics` facade (the `recorder` module).
+//! the `metrics` facade ([`recorder`], feature `metrics`).
+
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod recorder;
 
 use std::fmt;
 use std::sync::Arc;
