@@ -1,6 +1,7 @@
 //! The write path's integration tests, in one crate so that `cargo test` links them once:
-//! `WritePool` and `WriteTransaction` on real SQLite files, group commit, checkpoints, the
-//! read limit, crash (SIGKILL) and power-loss tests. The crash and power-loss tests run this
+//! `WritePool` and `WriteTransaction` on real SQLite files, group commit, checkpoints, crash
+//! (SIGKILL) and power-loss tests (the read limit's tests are a crate of their own: they
+//! assert what happens while no writer of the process waits). The crash and power-loss tests run this
 //! same binary as their child server (`current_exe`, one test by its full name).
 
 #[path = "../common/mod.rs"]
@@ -12,6 +13,5 @@ mod write_crash;
 mod write_group;
 mod write_observability;
 mod write_path;
-mod write_read_limit;
 mod write_stress;
 mod write_trust;

@@ -9,7 +9,7 @@
 //! must *not* get in, its `max_wait` is an hour. Which writers count is process-wide (any
 //! database's turn), so the tests of this file take turns ([`serial`]).
 
-use crate::common;
+mod common;
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
