@@ -559,3 +559,53 @@ pub async fn assert_conflict_never_replayed(client: &HttpClient, calls: &Calls) 
     assert_eq!(calls.len(), 2, "one call per request: {calls:?}");
     assert!(calls[1].1.as_deref().unwrap().starts_with("other: "));
 }
+
+/// A no-op subscriber that keeps every callsite's interest "sometimes": installed once as the
+/// process's global default by [`capture_tracing`].
+struct KeepCallsitesAlive;
+
+impl tracing::Subscriber for KeepCallsitesAlive {
+    fn register_callsite(
+        &self,
+        _: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::sometimes()
+    }
+    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
+        Some(tracing::level_filters::LevelFilter::TRACE)
+    }
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        false
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {}
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// Sets `subscriber` as this thread's default, so that the test sees every span and event of
+/// the code it runs, whatever other tests of this binary do on other threads meanwhile.
+///
+/// A thread's own subscriber is not enough alone: tracing caches each callsite's interest
+/// process-wide, and a callsite registered on another thread while no subscriber wanted it
+/// (or in a race with this one's registration) can be cached as "never", and its events are
+/// then lost here too. So a global no-op subscriber whose interest is always "sometimes" is
+/// installed once (each event then asks the thread's subscriber), and the cache is rebuilt
+/// after this thread's subscriber is set (a callsite registered before the global one).
+pub fn capture_tracing<S>(subscriber: S) -> tracing::subscriber::DefaultGuard
+where
+    S: tracing::Subscriber + Send + Sync + 'static,
+{
+    static GLOBAL: std::sync::Once = std::sync::Once::new();
+    GLOBAL.call_once(|| {
+        tracing::subscriber::set_global_default(KeepCallsitesAlive)
+            .expect("no other global subscriber in the test binaries");
+    });
+    let guard = tracing::subscriber::set_default(subscriber);
+    tracing::callsite::rebuild_interest_cache();
+    guard
+}

@@ -374,8 +374,7 @@ async fn conflict_events_carry_codes_and_the_message_only_at_trace() {
     assert_eq!(message, "UNIQUE constraint failed: items.seq");
 
     let events = AllEvents::default();
-    let guard =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(events.clone()));
+    let guard = common::capture_tracing(tracing_subscriber::registry().with(events.clone()));
     let res = DbError::from(err).into_response();
     drop(guard);
     assert_eq!(res.status(), StatusCode::CONFLICT);

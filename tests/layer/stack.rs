@@ -241,8 +241,7 @@ fn count(events: &[(String, Vec<&'static str>)], message: &str) -> usize {
 async fn trace_layer_outside_logs_one_request_per_request() {
     use tracing_subscriber::layer::SubscriberExt;
     let seen = Seen::default();
-    let _guard =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(seen.clone()));
+    let _guard = common::capture_tracing(tracing_subscriber::registry().with(seen.clone()));
 
     let calls = Calls::default();
     let router = {

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common;
 use axum::Router;
 use axum::body::Body;
 use axum::routing::post;
@@ -77,7 +78,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Ca
 async fn retries_and_exhaustion_follow_the_schema() {
     let captured = Captured::default();
     let subscriber = tracing_subscriber::registry().with(captured.clone());
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = common::capture_tracing(subscriber);
 
     let policy = RetryPolicy::default()
         .max_attempts(3)
@@ -144,7 +145,7 @@ async fn retries_and_exhaustion_follow_the_schema() {
 async fn first_try_success_opens_no_span_and_warns_nothing() {
     let captured = Captured::default();
     let subscriber = tracing_subscriber::registry().with(captured.clone());
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = common::capture_tracing(subscriber);
     let app = Router::new()
         .route("/ok", post(|| async { "ok" }))
         .layer(SqliteRetryLayer::new(RetryPolicy::default()));
@@ -175,7 +176,7 @@ async fn levels_for(
     use http::StatusCode;
     let captured = Captured::default();
     let subscriber = tracing_subscriber::registry().with(captured.clone());
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let _guard = common::capture_tracing(subscriber);
     let busy = || DbError::from(sqlx::Error::PoolTimedOut).into_response();
     let app = Router::new()
         .route("/ok", post(|| async { "ok" }))
