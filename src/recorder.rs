@@ -398,7 +398,7 @@ pub(crate) enum WriteStage {
 
 impl WriteStage {
     /// Every stage, in the order of a transaction's life.
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg_attr(not(all(test, feature = "metrics")), allow(dead_code))]
     pub(crate) const ALL: [WriteStage; 5] = [
         WriteStage::Turn,
         WriteStage::Begin,
