@@ -100,9 +100,9 @@ use std::borrow::Cow;
 
 use sqlx_core::Error;
 use sqlx_sqlite::{SqliteConnection, SqlitePool};
+use tower_sqlite_retry::__private as shared;
 /// Which connection write transactions begin on (the same type as the sqlx 0.9 `WritePool`'s).
 pub use tower_sqlite_retry::write::WriterConnection;
-use tower_sqlite_retry::__private as shared;
 
 /// sqlx 0.8's SQLite driver, as the write path of `tower-sqlite-retry` uses it: everything
 /// else (the turn, the transaction's lifecycle, the drop protocol) is that crate's one

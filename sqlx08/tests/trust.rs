@@ -557,7 +557,10 @@ async fn group_commit_shares_the_fsync() {
     let mut warm = writes.begin().await.unwrap();
     insert(&mut warm, 1, "warm").await.unwrap();
     warm.commit().await.unwrap();
-    assert!(tower_sqlite_retry_sqlx08::__private::hold_fsync(&writes, true), "WAL at FULL: the fsync is shared");
+    assert!(
+        tower_sqlite_retry_sqlx08::__private::hold_fsync(&writes, true),
+        "WAL at FULL: the fsync is shared"
+    );
     let mut commits = Vec::new();
     for (id, name) in [(2, "a"), (3, "b")] {
         let mut tx = writes.begin().await.unwrap();
