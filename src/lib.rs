@@ -91,7 +91,7 @@
 //! - Observability: tracing (target `tower_sqlite_retry`, span `sqlite_retry`), the layer's
 //!   counters ([`SqliteRetryLayer::metrics`], [`RetryMetrics`], the rest in [`metrics`]:
 //!   the response extension [`metrics::RetryOutcome`] says how a request ended), and, with the
-//!   `metrics` feature, counters and histograms through the `metrics` facade ([`metrics::recorder`],
+//!   `metrics` feature, counters and histograms through the `metrics` facade (`metrics::recorder`,
 //!   the metrics' names).
 //! - The write path ([`write`](mod@write)): `WritePool` and `WriteTransaction` (feature `sqlite-write`),
 //!   and the turn on its own for other drivers.

@@ -2,7 +2,7 @@
 //! [`SqliteRetryLayer::metrics`](crate::SqliteRetryLayer::metrics)) and its
 //! [`MetricsSnapshot`]; [`RetryOutcome`], the response extension that says how each request
 //! ended, with its [`Outcome`]. With the `metrics` feature the same figures also go through
-//! the `metrics` facade ([`recorder`], feature `metrics`).
+//! the `metrics` facade (`recorder`, with the feature).
 
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
