@@ -514,8 +514,7 @@ pub async fn poll_until(what: impl std::fmt::Display, mut check: impl AsyncFnMut
 pub fn capture_events() -> (EventCapture, tracing::subscriber::DefaultGuard) {
     use tracing_subscriber::layer::SubscriberExt;
     let capture = EventCapture::default();
-    let guard =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()));
+    let guard = capture_tracing(tracing_subscriber::registry().with(capture.clone()));
     (capture, guard)
 }
 

@@ -8,7 +8,6 @@
 mod common;
 
 mod power_loss;
-mod write_checkpoint;
 mod write_crash;
 mod write_group;
 mod write_observability;

@@ -10,7 +10,7 @@
 //! checkpointer's DEBUG event, on a current-thread runtime so that the spawned checkpoint
 //! reports to the test's subscriber.
 
-use crate::common;
+mod common;
 
 use std::time::Duration;
 
