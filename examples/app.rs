@@ -84,7 +84,7 @@
 //! `cargo bench --bench realclient` measures every `--config` side by side from an outside
 //! client (see BENCHMARKS.md).
 
-// Shared with `examples/contention.rs` and `tests/layer/app.rs`, which use the metrics helpers this
+// Shared with `examples/contention.rs` and `tests/app.rs`, which use the metrics helpers this
 // binary does not.
 #[allow(dead_code)]
 #[path = "common/app_lib.rs"]

@@ -1,4 +1,4 @@
-//! The example service, shared by `examples/app.rs`, `examples/contention.rs`, `tests/layer/app.rs`
+//! The example service, shared by `examples/app.rs`, `examples/contention.rs`, `tests/app.rs`
 //! and `benches/realclient.rs` (each includes this file with `#[path = "..."] mod app_lib;`).
 //!
 //! An item list in one database: a SQLite file by default, or a PostgreSQL or MySQL/MariaDB

@@ -1,4 +1,4 @@
-//! The load driver of `examples/contention.rs`, shared with `tests/layer/app.rs`: serves the example
+//! The load driver of `examples/contention.rs`, shared with `tests/app.rs`: serves the example
 //! app on real loopback sockets (one server per instance, each with its own pool and its own
 //! retry layers, all on one database), drives concurrent HTTP clients against them, and checks
 //! what was committed against what was acknowledged.

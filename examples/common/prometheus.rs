@@ -1,7 +1,7 @@
 //! `GET /metrics` for the example app, in Prometheus' text format: the application installs
 //! `metrics-exporter-prometheus` as the process' recorder, and the layers emit into it through
 //! the `metrics` facade (the crate's `metrics` feature). Shared by `examples/app.rs` and
-//! `tests/layer/app.rs` (`#[path = "..."] mod prometheus;`).
+//! `tests/app.rs` (`#[path = "..."] mod prometheus;`).
 
 use std::time::Duration;
 

@@ -164,7 +164,7 @@ async fn thirty_two_clients_zero_failures_with_the_layer() {
 }
 
 /// Without the layer, how many requests fail depends on how the machine schedules the clients
-/// (`tests/layer/replay.rs` and `tests/layer/app.rs` show the failure deterministically, with a held lock);
+/// (`tests/layer/replay.rs` and `tests/app.rs` show the failure deterministically, with a held lock);
 /// what never depends on it: a failed request committed nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn without_the_layer_failures_commit_nothing() {

@@ -12,14 +12,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-// The examples' shared code, tested through the code the examples run (`app`, `metrics`); the
-// examples use parts these tests do not.
-#[allow(dead_code)]
-#[path = "../../examples/common/app_lib.rs"]
-mod app_lib;
-#[allow(dead_code)]
-#[path = "../../examples/common/driver.rs"]
-mod driver;
+// The example app's exporter setup, as `metrics` checks it.
 #[allow(dead_code)]
 #[path = "../../examples/common/prometheus.rs"]
 mod prometheus;
@@ -27,7 +20,6 @@ mod prometheus;
 mod admission;
 mod admission_stress;
 mod api;
-mod app;
 mod body;
 mod classify;
 mod contention;

@@ -4,9 +4,17 @@
 //! Databases are real files in temporary directories: contention between connections is what
 //! the layer is for, and `sqlite::memory:` gives every connection its own database.
 
-#[cfg(feature = "metrics")]
-use crate::prometheus;
-use crate::{app_lib, driver};
+// Shared with the examples, which use parts these tests do not (server URLs, instances).
+#[allow(dead_code)]
+#[path = "../examples/common/app_lib.rs"]
+mod app_lib;
+#[allow(dead_code)]
+#[path = "../examples/common/driver.rs"]
+mod driver;
+// Used by the `metrics` feature's test only.
+#[allow(dead_code)]
+#[path = "../examples/common/prometheus.rs"]
+mod prometheus;
 
 use std::time::Duration;
 
