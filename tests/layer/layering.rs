@@ -44,18 +44,18 @@ fn modules(src: &Path) -> BTreeMap<String, PathBuf> {
         .collect()
 }
 
+/// The text with `//` comments taken out (re-exports kept).
+fn without_comments(text: &str) -> String {
+    text.lines()
+        .map(|line| line.find("//").map_or(line, |at| &line[..at]))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The text with `//` comments (doc comments included) and `pub use self::..;` re-exports
 /// taken out.
 fn code_of(text: &str) -> String {
-    let mut code = String::new();
-    for line in text.lines() {
-        let line = match line.find("//") {
-            Some(at) => &line[..at],
-            None => line,
-        };
-        code.push_str(line);
-        code.push('\n');
-    }
+    let code = without_comments(text);
     let mut out = String::new();
     let mut rest = code.as_str();
     while let Some(at) = find_reexport(rest) {
@@ -117,14 +117,6 @@ fn paths(code: &str) -> Vec<(String, Vec<String>)> {
         }
     }
     found
-}
-
-/// The text with `//` comments taken out (re-exports kept).
-fn without_comments(text: &str) -> String {
-    text.lines()
-        .map(|line| line.find("//").map_or(line, |at| &line[..at]))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// What each module re-exports (`pub use`, `pub(crate) use`, `pub(super) use`): for each
