@@ -6,23 +6,21 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 
 use crate::admission::Admissions;
-use crate::body::InFlight;
-use crate::metrics::{Counters, RetryMetrics};
+use crate::metrics::{RetryMetrics, Stats};
 use crate::policy::{ReadLimit, RetryPolicy};
 
 /// State shared by every clone of one layer and the services it builds.
 pub(crate) struct Shared {
     pub(crate) policy: RetryPolicy,
-    pub(crate) counters: Arc<Counters>,
-    /// The bytes held in request-body copies, against `policy.max_buffered_bytes`.
-    pub(crate) in_flight: Arc<InFlight>,
+    /// The counters, the bytes held in request-body copies (against
+    /// `policy.max_buffered_bytes`) and the admission limits.
+    pub(crate) stats: Arc<Stats>,
     /// The replay gate's permits (`RetryPolicy::replay_gate`).
     pub(crate) gate: Option<Arc<Semaphore>>,
     /// The read limit's places (`SqliteRetryLayer::limit_reads_while_writers_wait`), and the
     /// longest a read waits for one.
     pub(crate) reads: Option<Arc<Semaphore>>,
     pub(crate) read_wait: Duration,
-    pub(crate) admissions: Arc<Admissions>,
 }
 
 impl Shared {
@@ -31,12 +29,10 @@ impl Shared {
         let gate = policy.replay_gate.map(|n| Arc::new(Semaphore::new(n)));
         let limit = ReadLimit::default();
         Self {
-            admissions: Arc::new(Admissions::new(policy.admission)),
+            stats: Arc::new(Stats::new(Admissions::new(policy.admission))),
             reads: Some(Arc::new(Semaphore::new(limit.reads().get()))),
             read_wait: limit.wait(),
             policy,
-            counters: Arc::default(),
-            in_flight: Arc::default(),
             gate,
         }
     }
@@ -46,21 +42,15 @@ impl Shared {
     pub(crate) fn with_read_limit(&self, limit: Option<ReadLimit>) -> Self {
         Self {
             policy: self.policy.clone(),
-            counters: self.counters.clone(),
-            in_flight: self.in_flight.clone(),
+            stats: self.stats.clone(),
             gate: self.gate.clone(),
             reads: limit.map(|limit| Arc::new(Semaphore::new(limit.reads().get()))),
             read_wait: limit.map_or(self.read_wait, |limit| limit.wait()),
-            admissions: self.admissions.clone(),
         }
     }
 
     /// A handle on the counters.
     pub(crate) fn metrics(&self) -> RetryMetrics {
-        RetryMetrics {
-            counters: self.counters.clone(),
-            in_flight: self.in_flight.clone(),
-            admissions: self.admissions.clone(),
-        }
+        self.stats.handle()
     }
 }

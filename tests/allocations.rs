@@ -19,18 +19,25 @@ use bytes::Bytes;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use tower_sqlite_retry::{RetryPolicy, SqliteRetryLayer};
 
+/// `tower::retry` made to replay axum requests as a careful user would (the benches' own
+/// competitor): printed beside the layer, for what any replaying middleware allocates.
+#[path = "../benches/common/mod.rs"]
+mod competitor;
+
 #[global_allocator]
 static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 /// Allocations the layer may add to a `GET` with no body, and to a 1 KiB `POST` (the body
-/// buffered for a replay), over the same app without it: what it adds on 2026-12-04, measured
-/// by this test's own printout (`cargo test --test allocations -- --nocapture`; the count is
-/// exact, the same in every run and build profile). Lower them with the code (the goal is +6),
-/// never raise them without a reason written here. Where the 14 of a `GET` go (a backtrace per
-/// allocation of one request, in-process): the copy of the head that a replay needs, about
-/// nine (the header map's tables, and the extensions' map with one box per extension axum's
-/// routing put there); the request's shared state (`Arc<RequestState>`); the `Attempt`
-/// extension (its box, and the map growing for it); the replayable body boxed into axum's
+/// buffered for a replay), over the same app without it, measured by this test's own printout
+/// (`cargo test --test allocations -- --nocapture`; the count is exact, the same in every run
+/// and build profile). Lower them with the code, never raise them without a reason written
+/// here. Where the 14 of a `GET` go, about (BENCHMARKS.md, "What does the layer cost a
+/// request that needs no retry?"): the copy of the head a replay needs, 7 (the header map's
+/// two tables; the extensions' map, one box per extension axum's routing put there, and the
+/// path parameters' vector); clones of the inner service (axum's `Route`, a box each): the
+/// one the future keeps for a replay, and the one in the layer's service that axum's routing
+/// clones for every request; the `Attempt` extension (its box, and the map growing for it);
+/// the request's shared state (`Arc<RequestState>`); the replayable body boxed into axum's
 /// `Body`; the layer's future boxed by axum's route.
 const MAX_EXTRA_PER_GET: f64 = 14.0;
 const MAX_EXTRA_PER_POST: f64 = 16.0;
@@ -38,17 +45,31 @@ const MAX_EXTRA_PER_POST: f64 = 16.0;
 const REQUESTS: usize = 2_000;
 const WARM_UP: usize = 200;
 
-fn app(layer: bool) -> Router {
+#[derive(Clone, Copy, PartialEq)]
+enum Wrap {
+    Bare,
+    Layer,
+    TowerRetry,
+}
+
+fn app(wrap: Wrap) -> Router {
     let router = Router::new()
         .route("/items/{id}", get(|| async { "an item" }))
         .route(
             "/items",
             post(|body: Bytes| async move { body.len().to_string() }),
         );
-    let router = if layer {
-        router.layer(SqliteRetryLayer::new(RetryPolicy::default()))
-    } else {
-        router
+    let router = match wrap {
+        Wrap::Bare => router,
+        Wrap::Layer => router.layer(SqliteRetryLayer::new(RetryPolicy::default())),
+        Wrap::TowerRetry => router.layer(competitor::BufferedRetryLayer::new(
+            competitor::ReplayPolicy::new(
+                std::time::Duration::from_millis(10),
+                std::time::Duration::from_secs(1),
+                0.5,
+                10,
+            ),
+        )),
     };
     // As `axum::serve` does (`into_make_service`): the routes are made once, not per request.
     router.with_state(())
@@ -138,10 +159,15 @@ fn the_layer_allocates_at_most_its_pinned_count_per_request() {
         ("GET", get_request(), MAX_EXTRA_PER_GET),
         ("POST 1 KiB", post_request(), MAX_EXTRA_PER_POST),
     ] {
-        let bare = allocations_per_request(app(false), &request);
-        let layer = allocations_per_request(app(true), &request);
+        let bare = allocations_per_request(app(Wrap::Bare), &request);
+        let layer = allocations_per_request(app(Wrap::Layer), &request);
+        let tower = allocations_per_request(app(Wrap::TowerRetry), &request);
         let extra = layer - bare;
-        println!("{what}: bare {bare:.2}, layer {layer:.2} allocations per request (+{extra:.2})");
+        println!(
+            "{what}: bare {bare:.2}, layer {layer:.2} (+{extra:.2}), tower::retry {tower:.2} \
+             (+{:.2}) allocations per request",
+            tower - bare
+        );
         report.push((what, extra, most));
     }
     // (A stray allocation or two over the run, a timer's or the connection's, is not the

@@ -239,7 +239,7 @@ where
         // NOTE: no span yet: a first attempt that succeeds pays for none. The request's span
         // is opened when a replay or a give-up is in question, or a real wait (`Core::span`).
         let span = Span::none();
-        shared.counters.request();
+        shared.stats.counters.request();
         // NOTE: nested layers. An outer layer's attempt carries its `Attempt`: take the request
         // over, so that the outer layer passes this layer's answer through (responses and
         // errors alike) instead of replaying on top of it.
@@ -426,13 +426,13 @@ where
             return self.stop(stop, pending);
         }
         if self.request.needs_slot()
-            && let Some(limit) = self.shared.admissions.lookup(self.request.route())
+            && let Some(limit) = self.shared.stats.admissions.lookup(self.request.route())
         {
             pending.add(Duration::ZERO);
             match limit.try_admit() {
                 Some(admitted) => self.request.hold(limit, admitted),
                 None => {
-                    self.shared.counters.queued();
+                    self.shared.stats.counters.queued();
                     self.span();
                     return Next::To(State::Admit {
                         acquire: Box::pin(limit.admit()),
@@ -635,7 +635,7 @@ where
             self.replays().reason = Some(reason);
             if self.request.needs_slot() {
                 // The route meets contention: from now on its attempts queue.
-                self.shared.admissions.contended(self.request.route());
+                self.shared.stats.admissions.contended(self.request.route());
             }
         }
         let n = self.attempt;
@@ -744,7 +744,7 @@ where
         let n = self.attempt;
         let max_attempts = self.shared.policy.max_attempts;
         if n > 1 {
-            self.shared.counters.retry();
+            self.shared.stats.counters.retry();
             recorder::replay(
                 self.request.route().path(),
                 &self.request.route().method,

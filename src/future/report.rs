@@ -176,7 +176,7 @@ fn record_end(span: &Span, shared: &Shared, request: &RequestState, end: End<'_>
         span.record("db.response.status_code", r.code());
         span.record("error.type", r.name());
     }
-    shared.counters.finished(outcome, attempts);
+    shared.stats.counters.finished(outcome, attempts);
     if !passed_through {
         recorder::request_finished(recorder::Finished {
             route: route.path(),

@@ -68,12 +68,15 @@ impl<B: Body> Source<B> {
                 // request's start (as a buffered body is).
                 Source::Recording(Recording::new(
                     body,
-                    Held::new(shared.in_flight.clone(), caps, declared),
+                    Held::new(shared.stats.in_flight.clone(), caps, declared),
                     Instant::now().checked_add(policy.deadline),
                 ))
             } else {
                 Source::Collecting(
-                    Collector::new(body, Held::new(shared.in_flight.clone(), caps, declared)),
+                    Collector::new(
+                        body,
+                        Held::new(shared.stats.in_flight.clone(), caps, declared),
+                    ),
                     // The upload's own deadline, from the request's start.
                     Instant::now().checked_add(policy.deadline),
                 )

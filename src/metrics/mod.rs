@@ -25,6 +25,10 @@ pub(crate) struct Counters {
     requests: AtomicU64,
     retries: AtomicU64,
     queued: AtomicU64,
+    /// Requests answered at their one attempt (`first_try`, one attempt): the common case,
+    /// counted once here rather than in both `outcomes` and the histogram's first bucket (one
+    /// atomic add per request fewer on a line every request of the layer shares).
+    first_try_once: AtomicU64,
     outcomes: [AtomicU64; Outcome::ALL.len()],
     histogram: [AtomicU64; HISTOGRAM_BUCKETS],
 }
@@ -43,6 +47,10 @@ impl Counters {
     }
 
     pub(crate) fn finished(&self, outcome: Outcome, attempts: u32) {
+        if outcome == Outcome::FirstTry && attempts == 1 {
+            self.first_try_once.fetch_add(1, Relaxed);
+            return;
+        }
         self.outcomes[outcome.index()].fetch_add(1, Relaxed);
         if attempts > 0 {
             let bucket = (attempts as usize - 1).min(HISTOGRAM_BUCKETS - 1);
@@ -64,9 +72,34 @@ impl Counters {
 /// ```
 #[derive(Clone)]
 pub struct RetryMetrics {
-    pub(crate) counters: Arc<Counters>,
+    stats: Arc<Stats>,
+}
+
+/// What a layer, its clones, their services and its [`RetryMetrics`] handles share: the
+/// counters, the buffer account and the admission limits, behind one `Arc`, so that a handle
+/// kept in an axum state (cloned with it for every request) costs one reference count.
+pub(crate) struct Stats {
+    pub(crate) counters: Counters,
+    /// Also held by each body copy, for the bytes it gives back when dropped.
     pub(crate) in_flight: Arc<InFlight>,
-    pub(crate) admissions: Arc<Admissions>,
+    pub(crate) admissions: Admissions,
+}
+
+impl Stats {
+    pub(crate) fn new(admissions: Admissions) -> Self {
+        Self {
+            counters: Counters::default(),
+            in_flight: Arc::default(),
+            admissions,
+        }
+    }
+
+    /// A handle on these figures.
+    pub(crate) fn handle(self: &Arc<Self>) -> RetryMetrics {
+        RetryMetrics {
+            stats: self.clone(),
+        }
+    }
 }
 
 impl fmt::Debug for RetryMetrics {
@@ -87,13 +120,16 @@ impl RetryMetrics {
     /// assert!(metrics.admission_limits().is_empty());
     /// ```
     pub fn admission_limits(&self) -> Vec<AdmissionLimit> {
-        self.admissions.limits()
+        self.stats.admissions.limits()
     }
 
     /// The counters' values now (each read atomically; together, approximately).
     pub fn snapshot(&self) -> MetricsSnapshot {
-        let c = &self.counters;
-        let outcome = |o: Outcome| c.outcomes[o.index()].load(Relaxed);
+        let c = &self.stats.counters;
+        let once = c.first_try_once.load(Relaxed);
+        let outcome = |o: Outcome| {
+            c.outcomes[o.index()].load(Relaxed) + if o == Outcome::FirstTry { once } else { 0 }
+        };
         MetricsSnapshot {
             requests: c.requests.load(Relaxed),
             retries: c.retries.load(Relaxed),
@@ -107,9 +143,11 @@ impl RetryMetrics {
             fenced: outcome(Outcome::Fenced),
             non_retryable: outcome(Outcome::NonRetryable),
             cancelled: outcome(Outcome::Cancelled),
-            attempts_histogram: std::array::from_fn(|i| c.histogram[i].load(Relaxed)),
-            buffered_bytes: self.in_flight.bytes(),
-            peak_buffered_bytes: self.in_flight.peak(),
+            attempts_histogram: std::array::from_fn(|i| {
+                c.histogram[i].load(Relaxed) + if i == 0 { once } else { 0 }
+            }),
+            buffered_bytes: self.stats.in_flight.bytes(),
+            peak_buffered_bytes: self.stats.in_flight.peak(),
         }
     }
 }

@@ -284,3 +284,14 @@ fn a_zero_read_wait_is_refused_by_the_layer() {
     let limit = ReadLimit::new(std::num::NonZeroUsize::MIN).max_wait(std::time::Duration::ZERO);
     let _ = SqliteRetryLayer::default().limit_reads_while_writers_wait(limit);
 }
+
+/// A `RetryMetrics` is one reference-counted pointer: applications keep it in their axum state,
+/// which axum clones two or three times per request, so each field more would be one more
+/// atomic add and subtract per clone on a counter every request shares.
+#[test]
+fn a_metrics_handle_is_one_pointer() {
+    assert_eq!(
+        std::mem::size_of::<tower_sqlite_retry::RetryMetrics>(),
+        std::mem::size_of::<usize>()
+    );
+}
