@@ -67,7 +67,7 @@ EOF
 run() {
   local name=$1 bin=$2 config=$3 round=$4 dir port pid before after count
   dir=$(mktemp -d)
-  port=$(( 39100 + (next_port++ % 800) ))
+  port=$(( 21000 + (next_port++ % 800) ))
   RUST_LOG=$log $server_pin "$bin" --config "$config" --db "$dir/db.sqlite" --addr "127.0.0.1:$port" \
     > "$dir/server.log" 2>&1 &
   pid=$!

@@ -78,6 +78,7 @@ impl TurnCounts {
     /// bound, or cancelled).
     pub(crate) fn waiting_for_turn(&self) -> Waiting<'_> {
         self.waiting.fetch_add(1, Ordering::Relaxed);
+        WAITING_ANYWHERE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         recorder::write_waiting(&self.database, 1);
         Waiting { counts: self }
     }
@@ -189,6 +190,17 @@ impl TurnCounts {
     }
 }
 
+/// Writers waiting for a turn, every database of the process together, kept by the same guard
+/// as each database's own count: what the layer's read limit asks before every `GET`, so one
+/// load, never the registry's lock. (std's atomic even in the model check, which does not
+/// explore the read limit: a process-wide static would outlive its schedules.)
+static WAITING_ANYWHERE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Whether a writer of any database of the process waits for its turn now.
+pub(crate) fn writers_waiting_anywhere() -> bool {
+    WAITING_ANYWHERE.load(std::sync::atomic::Ordering::Relaxed) > 0
+}
+
 /// A writer waiting to write: counted until dropped.
 pub(crate) struct Waiting<'a> {
     counts: &'a TurnCounts,
@@ -197,6 +209,7 @@ pub(crate) struct Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.counts.waiting.fetch_sub(1, Ordering::Relaxed);
+        WAITING_ANYWHERE.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         recorder::write_waiting(&self.counts.database, -1);
     }
 }

@@ -176,18 +176,11 @@ impl Queue {
 
 /// Whether a writer waits for a write turn of any database in this process now: what the
 /// layer's read limit asks before a read runs (through the request core, where the first
-/// queue registers this function). Walks the registry (one lock, a handful of queues); the
-/// queues' counts say it, nothing else keeps it.
+/// queue registers this function). One load of the process-wide count that each queue's
+/// waiting guard keeps beside its own (`stats::writers_waiting_anywhere`), so that a read never
+/// takes the registry's lock.
 fn writers_waiting() -> bool {
-    any_queue(|queue| queue.counts.has_waiting())
-}
-
-/// Whether `test` holds for a live queue of the registry.
-fn any_queue(test: impl Fn(&Queue) -> bool) -> bool {
-    queues()
-        .values()
-        .filter_map(Weak::upgrade)
-        .any(|queue| test(&queue))
+    super::stats::writers_waiting_anywhere()
 }
 
 impl fmt::Debug for Queue {
