@@ -17,6 +17,9 @@
 #   LOG         the server's RUST_LOG: info (the default: `info`, every layer event at INFO
 #               or above on) or off
 #   ROUNDS [7]  DURATION [5] (seconds measured, after 1 s of warm-up)
+#   RATE        requests per second in all: the load paced by h2load (`--rps`, from its own
+#               process) instead of wrk's closed loop, so that every contender serves the same
+#               request stream and CPU per request compares work at equal load (nghttp2-client)
 #   PIN         1: the server on CPU 1 and wrk on CPU 0 (taskset), so that the server's share of
 #               the machine is the same in every cell (steadier than unpinned on 2 cores)
 set -euo pipefail
@@ -24,7 +27,11 @@ cd "$(dirname "$0")/../.."
 out=${1:?OUT_DIR}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 1; }
+if [ -n "${RATE:-}" ]; then
+  command -v h2load >/dev/null || { echo "h2load is not installed (apt-get install nghttp2-client)" >&2; exit 1; }
+else
+  command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 1; }
+fi
 load=${LOAD:-get}
 case $load in
   get) conns=${CONNS:-64} ;;
@@ -54,6 +61,7 @@ function request()
 end
 EOF
 pad=$(head -c 980 /dev/zero | tr '\0' 'x')
+printf '{"name":"paced","pad":"%s"}' "$pad" > "$out/post.json"
 cat > "$out/post.lua" <<EOF
 local counter = 0
 function request()
@@ -78,11 +86,23 @@ run() {
     curl -s -o /dev/null -X POST -H 'content-type: application/json' -d "{\"name\":\"seed$i\"}" \
       "http://127.0.0.1:$port/items"
   done
-  $client_pin wrk -t "$threads" -c "$conns" -d 1s -s "$out/$load.lua" "http://127.0.0.1:$port" > /dev/null 2>&1 || true
+  if command -v wrk >/dev/null; then
+    $client_pin wrk -t "$threads" -c "$conns" -d 1s -s "$out/$load.lua" "http://127.0.0.1:$port" > /dev/null 2>&1 || true
+  fi
   before=$(awk '{print $14 + $15}' "/proc/$pid/stat")
-  $client_pin wrk -t "$threads" -c "$conns" -d "${duration}s" -s "$out/$load.lua" "http://127.0.0.1:$port" \
-    > "$dir/wrk.txt" 2>&1
-  after=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+  if [ -n "${RATE:-}" ]; then
+    local rps=$(( (RATE + conns - 1) / conns )) h2args=()
+    [ "$load" = post ] && h2args=(-d "$out/post.json" -H "content-type: application/json")
+    $client_pin h2load --h1 -c "$conns" -t 1 --rps "$rps" -D "$duration" "${h2args[@]}" \
+      "http://127.0.0.1:$port/$([ "$load" = post ] && echo items || echo items/7)" > "$dir/h2load.txt" 2>&1
+    after=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+    sed -n 's/^requests: .* \([0-9]*\) succeeded.*/  \1 requests in (h2load)/p' "$dir/h2load.txt" > "$dir/wrk.txt"
+    grep -E "^(requests|status codes):" "$dir/h2load.txt" >> "$dir/wrk.txt"
+  else
+    $client_pin wrk -t "$threads" -c "$conns" -d "${duration}s" -s "$out/$load.lua" "http://127.0.0.1:$port" \
+      > "$dir/wrk.txt" 2>&1
+    after=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+  fi
   kill -INT "$pid"; wait "$pid" 2>/dev/null || true
   count=$(sed -n 's/^ *\([0-9]*\) requests in.*/\1/p' "$dir/wrk.txt")
   [ -n "$count" ] && [ "$count" -gt 0 ] \
@@ -98,7 +118,7 @@ run() {
 next_port=$(( RANDOM % 400 ))
 : > "$out/cells-$load-$log.txt"
 {
-  echo "# $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null) load=$load conns=$conns log=$log rounds=$rounds duration=${duration}s pin=${PIN:-0}"
+  echo "# $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null) load=$load conns=$conns log=$log rounds=$rounds duration=${duration}s pin=${PIN:-0} rate=${RATE:-closed loop}"
   echo "# contenders: $CONTENDERS"
   echo "# loadavg at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 } > "$out/report-$load-$log.txt"
