@@ -210,6 +210,29 @@ async fn while_no_writer_waits_reads_are_never_held_back() {
     held.commit().await.unwrap();
 }
 
+/// The read limit asks a process-wide count that each writer's wait keeps; a wait that ends
+/// by cancellation (the writer's task aborted while it queued) must leave it as it found it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_whose_wait_is_cancelled_no_longer_holds_reads_back() {
+    let case = Case::new(limit(1, HOUR)).await;
+    let (app, client) = (&case.app, &case.client);
+    let (held, writer) = waiting_writer(app, 1).await;
+    writer.abort();
+    assert!(writer.await.unwrap_err().is_cancelled());
+    poll_until("nobody waits for the turn", async || {
+        app.writes.stats().is_some_and(|s| s.waiting == 0)
+    })
+    .await;
+
+    let reads: Vec<_> = (0..3).map(|_| spawn_get(client, "/read")).collect();
+    poll_until("all three reads in at once", async || app.entered() == 3).await;
+    app.release.add_permits(3);
+    for read in reads {
+        assert_eq!(read.await.unwrap().status, StatusCode::OK);
+    }
+    held.commit().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_held_back_runs_anyway_after_its_max_wait() {
     let case = Case::new(limit(1, Duration::from_millis(50))).await;
