@@ -162,6 +162,16 @@ impl Case {
     }
 }
 
+/// Three `GET`s all get in at once (under a limit of one: none is held back), then answer.
+async fn three_reads_run_at_once(app: &App, client: &HttpClient) {
+    let reads: Vec<_> = (0..3).map(|_| spawn_get(client, "/read")).collect();
+    poll_until("all three reads in at once", async || app.entered() == 3).await;
+    app.release.add_permits(3);
+    for read in reads {
+        assert_eq!(read.await.unwrap().status, StatusCode::OK);
+    }
+}
+
 fn spawn_get(client: &HttpClient, path: &str) -> tokio::task::JoinHandle<common::Reply> {
     let client = client.clone();
     let path = path.to_owned();
@@ -201,12 +211,7 @@ async fn while_no_writer_waits_reads_are_never_held_back() {
     // The turn held, nobody waiting for it: not a reason to hold reads back.
     let held = app.writes.begin().await.unwrap();
 
-    let reads: Vec<_> = (0..3).map(|_| spawn_get(client, "/read")).collect();
-    poll_until("all three reads in at once", async || app.entered() == 3).await;
-    app.release.add_permits(3);
-    for read in reads {
-        assert_eq!(read.await.unwrap().status, StatusCode::OK);
-    }
+    three_reads_run_at_once(app, client).await;
     held.commit().await.unwrap();
 }
 
@@ -224,12 +229,7 @@ async fn a_writer_whose_wait_is_cancelled_no_longer_holds_reads_back() {
     })
     .await;
 
-    let reads: Vec<_> = (0..3).map(|_| spawn_get(client, "/read")).collect();
-    poll_until("all three reads in at once", async || app.entered() == 3).await;
-    app.release.add_permits(3);
-    for read in reads {
-        assert_eq!(read.await.unwrap().status, StatusCode::OK);
-    }
+    three_reads_run_at_once(app, client).await;
     held.commit().await.unwrap();
 }
 
