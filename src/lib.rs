@@ -86,6 +86,9 @@
 //!   name), [`tag_retryable`] and [`classify_error_chain`] for an application's own error
 //!   type, [`ClassifyError`] for service errors; the tables, and the functions that take raw
 //!   codes, in [`classify`](mod@classify).
+//! - Outside HTTP ([`operation`]): an [`Operation`] gives a loop its [`Backoff`], retries an
+//!   async function ([`Operation::run`], [`OperationError`]) and gives `tower::retry` its
+//!   policy ([`Operation::layer`]), with the layer's policy, classification and observability.
 //! - Per request: [`Attempt`] (the request extension on every attempt, with the fence);
 //!   [`in_request`] carries the request into a spawned task.
 //! - Observability: tracing (target `tower_sqlite_retry`, span `sqlite_retry`), the layer's
@@ -138,6 +141,7 @@ pub mod classify;
 mod decide;
 pub mod future;
 pub mod metrics;
+pub mod operation;
 pub mod policy;
 mod recorder;
 mod route;
@@ -153,6 +157,7 @@ pub use classify::{
     ClassifyError, DriverError, NeverRetryErrors, Retryable, classify_error_chain, tag_retryable,
 };
 pub use metrics::RetryMetrics;
+pub use operation::{Backoff, Operation, OperationError};
 pub use policy::{Jitter, RetryPolicy};
 pub use service::{SqliteRetry, SqliteRetryLayer};
 #[cfg(feature = "sqlite-write")]
@@ -205,6 +210,25 @@ mod traits {
         assert_sync::<Attempt>();
         assert_send::<RetryMetrics>();
         assert_sync::<RetryMetrics>();
+        assert_send::<Operation>();
+        assert_sync::<Operation>();
+        assert_send::<Backoff>();
+        assert_sync::<Backoff>();
+        assert_send::<operation::OperationPolicy>();
+        assert_sync::<operation::OperationPolicy>();
+        assert_send::<OperationError<sqlx::Error>>();
+        assert_sync::<OperationError<sqlx::Error>>();
+        fn run_is_send(op: &Operation, db: sqlx::SqlitePool) -> impl Send + '_ {
+            op.run(move |_| {
+                let db = db.clone();
+                async move { sqlx::query("SELECT 1").execute(&db).await }
+            })
+        }
+        let _ = run_is_send;
+        // `tower::retry` over an operation's policy, on a Send + Sync service
+        type Retried = tower::retry::Retry<operation::OperationPolicy, Inner>;
+        assert_send::<Retried>();
+        assert_sync::<Retried>();
         let _ = |_: Request<Body>| ();
     }
 }

@@ -417,8 +417,9 @@ impl RetryPolicy {
         self.delay_with(retry, previous, cap, &mut fastrand::Rng::new())
     }
 
-    /// [`random_delay`](Self::random_delay) with a given generator (seeded in tests).
-    fn delay_with(
+    /// [`random_delay`](Self::random_delay) with a given generator (seeded in tests; the
+    /// operations' backoff keeps one).
+    pub(crate) fn delay_with(
         &self,
         retry: u32,
         previous: Duration,

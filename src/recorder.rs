@@ -109,6 +109,7 @@ mod emit {
     const ERROR_TYPE: &str = "error_type";
     const DATABASE: &str = "database";
     const STAGE: &str = "stage";
+    const OPERATION: &str = "operation";
     /// `http_route` when no route template is known; `database` when no database is.
     const NO_ROUTE: &str = "_unknown";
 
@@ -250,6 +251,37 @@ mod emit {
         metrics::histogram!(QUEUE_WAIT, vec![route(route_), method(method_)]).record(waited);
     }
 
+    /// An operation outside HTTP (`crate::operation`) finished: the layer's metrics, labelled
+    /// `operation` where a request has `http_route` and `http_request_method`.
+    pub(crate) fn operation_finished(finished: super::OperationFinished<'_>) {
+        let super::OperationFinished {
+            operation,
+            outcome,
+            error_type,
+            attempts,
+            backoff,
+        } = finished;
+        let name = Label::new(OPERATION, operation.to_owned());
+        let mut labels = Vec::with_capacity(3);
+        labels.push(name.clone());
+        labels.push(Label::from_static_parts(OUTCOME, outcome.as_str()));
+        if let Some(error_type) = error_type {
+            labels.push(Label::new(ERROR_TYPE, error_type.to_owned()));
+        }
+        metrics::counter!(REQUESTS, labels).increment(1);
+        metrics::histogram!(ATTEMPTS, vec![name.clone()]).record(f64::from(attempts));
+        metrics::histogram!(BACKOFF, vec![name]).record(backoff);
+    }
+
+    /// A retry of an operation outside HTTP.
+    pub(crate) fn operation_retry(operation: &str, error_type: &str) {
+        let labels = vec![
+            Label::new(OPERATION, operation.to_owned()),
+            Label::new(ERROR_TYPE, error_type.to_owned()),
+        ];
+        metrics::counter!(REPLAYS, labels).increment(1);
+    }
+
     /// The route and method labels of a write transaction: its request's, or `_unknown` and
     /// `_OTHER` outside a request (the write path used without the layer).
     fn write_labels(route_: Option<&Route>) -> [Label; 2] {
@@ -356,6 +388,36 @@ pub(crate) fn replay(route: Option<&str>, method: &Method, error_type: &str) {
     emit::replay(route, method, error_type);
     #[cfg(not(feature = "metrics"))]
     let _ = (route, method, error_type);
+}
+
+/// An operation outside HTTP finished, as its metrics see it.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) struct OperationFinished<'a> {
+    pub(crate) operation: &'a str,
+    pub(crate) outcome: Outcome,
+    /// The retryable error's name, when the operation ended on one.
+    pub(crate) error_type: Option<&'a str>,
+    pub(crate) attempts: u32,
+    /// The time it spent in backoff.
+    pub(crate) backoff: Duration,
+}
+
+/// An operation outside HTTP finished (a call, a tower request, a loop's streak).
+#[inline]
+pub(crate) fn operation_finished(finished: OperationFinished<'_>) {
+    #[cfg(feature = "metrics")]
+    emit::operation_finished(finished);
+    #[cfg(not(feature = "metrics"))]
+    let _ = finished;
+}
+
+/// A retry of an operation outside HTTP, after a retryable error named `error_type`.
+#[inline]
+pub(crate) fn operation_retry(operation: &str, error_type: &str) {
+    #[cfg(feature = "metrics")]
+    emit::operation_retry(operation, error_type);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (operation, error_type);
 }
 
 /// The time an attempt waited for admission and the replay gate, once per queued attempt.
@@ -625,6 +687,37 @@ mod tests {
             |xs: &[f64]| DebugValue::Histogram(xs.iter().map(|x| (*x).into()).collect());
         assert_eq!(out[0].1, histogram(&[3.0, 3.0]));
         assert_eq!(out[1].1, histogram(&[0.25, 0.25]));
+    }
+
+    /// An operation outside HTTP: the layer's names, labelled `operation` in place of the
+    /// route and method, driven through a real `Operation` (a loop's streak and a give-up).
+    #[test]
+    fn operations_emit_the_layers_metrics_by_operation() {
+        use crate::{Operation, RetryPolicy, Retryable};
+        let out = emitted(|| {
+            let op = Operation::new("claim", RetryPolicy::default().max_attempts(2));
+            let mut backoff = op.backoff();
+            let busy = || Some(Retryable::new("5", "SQLITE_BUSY"));
+            assert!(backoff.next_delay_for(busy()).is_some());
+            backoff.reset();
+            assert!(backoff.next_delay_for(busy()).is_some());
+            assert!(backoff.next_delay_for(busy()).is_none());
+        });
+        let names: Vec<_> = out.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "tower_sqlite_retry_attempts{operation=claim}",
+                "tower_sqlite_retry_backoff_seconds{operation=claim}",
+                "tower_sqlite_retry_replays_total{operation=claim,error_type=SQLITE_BUSY}",
+                "tower_sqlite_retry_requests_total{operation=claim,outcome=exhausted,error_type=SQLITE_BUSY}",
+                "tower_sqlite_retry_requests_total{operation=claim,outcome=succeeded_after_retry}",
+            ]
+        );
+        assert_eq!(out[2].1, DebugValue::Counter(2));
+        let histogram =
+            |xs: &[f64]| DebugValue::Histogram(xs.iter().map(|x| (*x).into()).collect());
+        assert_eq!(out[0].1, histogram(&[2.0, 2.0]));
     }
 
     #[test]

@@ -226,3 +226,33 @@ impl ClassifyError<tower::BoxError> for RetryDriverErrors {
         classify_error_chain(error.as_ref())
     }
 }
+
+/// The default classifier of an [`Operation`](crate::Operation): a driver's retryable error
+/// anywhere in the error's `source()` chain ([`classify_error_chain`]), for any error type
+/// that is a `std::error::Error` (a driver's own, an application's enum, `OperationError`).
+/// For a boxed error (`tower::BoxError`, a job runner's), use
+/// [`RetryDriverErrors`]; for `anyhow::Error`, a closure (`Operation::classify_with`).
+///
+#[cfg_attr(feature = "sqlx", doc = "```")]
+#[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
+/// use tower_sqlite_retry::ClassifyError;
+/// use tower_sqlite_retry::classify::RetryErrorChain;
+///
+/// #[derive(Debug, thiserror::Error)]
+/// enum AppError {
+///     #[error("database")]
+///     Db(#[from] sqlx::Error),
+/// }
+///
+/// let timed_out = AppError::from(sqlx::Error::PoolTimedOut);
+/// assert!(RetryErrorChain.classify_error(&timed_out).is_some());
+/// assert!(RetryErrorChain.classify_error(&AppError::from(sqlx::Error::RowNotFound)).is_none());
+/// ```
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RetryErrorChain;
+
+impl<E: Error + 'static> ClassifyError<E> for RetryErrorChain {
+    fn classify_error(&self, error: &E) -> Option<Retryable> {
+        classify_error_chain(error)
+    }
+}

@@ -130,7 +130,7 @@ mod sqlx;
 #[cfg(feature = "sqlx-0_8")]
 mod sqlx08;
 
-pub use self::chain::{RetryDriverErrors, classify_error_chain, tag_retryable};
+pub use self::chain::{RetryDriverErrors, RetryErrorChain, classify_error_chain, tag_retryable};
 pub use self::driver::DriverError;
 pub use self::marker::{ClassifyError, NeverRetryErrors, Retryable};
 #[cfg_attr(

@@ -24,6 +24,15 @@
 //! | `tower_sqlite_retry_write_sync_errors_total` | counter | count | `database` | group commit: syncs of the WAL that failed; each stopped group commit for its pool (the disk refused a write) |
 //! | `tower_sqlite_retry_write_errors_total` | counter | count | `database`, `stage` | the write path: write transactions that failed, by the step that failed (`turn`, `begin`, `commit`, `sync`, `rollback`) |
 //!
+//! Operations outside HTTP ([`Operation`](crate::Operation): a loop's backoff, the function
+//! wrapper, `tower::retry` with an operation's policy) emit the first four under the same
+//! names, labelled `operation` (the name the caller gave) instead of `http_route` and
+//! `http_request_method`: one sample of `requests_total`, `attempts` and `backoff_seconds` per
+//! call, tower request, or loop streak (from its first error to the success or give-up that
+//! ends it; a loop's success without error counts one `first_try`), one `replays_total` per
+//! retry. Query them by `operation`: `sum by (operation, outcome)
+//! (rate(tower_sqlite_retry_requests_total{operation!=""}[5m]))`.
+//!
 //! ¹ only when the request ended on a retryable error the layer did not (or could no longer)
 //! replay: outcomes `exhausted`, `deadline`, `budget_exhausted`, `not_replayable`, `fenced`.
 //!
@@ -51,6 +60,9 @@
 //! - `http_route`: the route template axum matched ([`MatchedPath`](axum::extract::MatchedPath),
 //!   e.g. `/orders/{id}`), never the raw path; `_unknown` when there is none (the layer wraps
 //!   the router from outside, or the request fell through to a fallback).
+//! - `operation`: outside HTTP, the operation's name as its code gives it
+//!   ([`Operation::new`](crate::Operation::new)): a fixed name per call site (`claim`,
+//!   `send_email`), never one built from data.
 //! - `http_request_method`: `GET`, `HEAD`, `POST`, `PUT`, `DELETE`, `CONNECT`, `OPTIONS`,
 //!   `TRACE`, `PATCH`; any other method is `_OTHER` (as OpenTelemetry's `http.request.method`).
 //! - `outcome`: one of [`Outcome`](super::Outcome)'s nine names (`first_try`,

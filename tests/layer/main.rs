@@ -28,6 +28,7 @@ mod http2;
 mod layering;
 mod metrics;
 mod mysql;
+mod operation;
 mod postgres;
 mod reliability;
 mod replay;

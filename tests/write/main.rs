@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod operation_write;
 mod power_loss;
 mod write_crash;
 mod write_group;

@@ -1,0 +1,521 @@
+//! [`Backoff`]: the schedule as a value the caller drives.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Operation, report};
+use crate::classify::{ClassifyError, Retryable};
+use crate::decide::{After, Decision, Verdict, decide};
+use crate::metrics::Outcome;
+
+/// The retry schedule of one [`Operation`], driven by the caller: given an error, the delay
+/// before the next try, or `None`.
+///
+/// `None` means stop: the error is not retryable (by the operation's classifier, the same
+/// tables as the layer's), or the policy's attempts, deadline or budget are used up. Past a
+/// `None`, the next error starts a new streak (a loop is never stuck on `None`).
+///
+/// - **The loop owns the timing**: no runtime, no sleep in here; the caller sleeps the delay,
+///   with whatever clock it has ([`std::thread::sleep`], `tokio::time::sleep`).
+/// - **A streak** is the run of consecutive errors since the last [`reset`](Self::reset): the
+///   policy's `max_attempts` and `deadline` bound one streak (the deadline counts from its
+///   first error), and the budget pays for each retry. Call `reset()` after every success.
+/// - **The cap is explicit and holds**: each delay is `min(cap, base · 2^(n-1))` with the
+///   policy's jitter, capped again after it ([`RetryPolicy::max_delay`]); saturating at any
+///   attempt count (the billionth consecutive error waits the cap, as the tenth does).
+///   `max_attempts(u32::MAX)` puts no limit on a streak's attempts (the deadline still
+///   bounds it: `deadline(Duration::MAX)` for none).
+/// - **Free on success**: `reset()` reads no clock and allocates nothing.
+///
+/// A dispatcher that polls a SQLite queue:
+///
+#[cfg_attr(feature = "sqlx", doc = "```")]
+#[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
+/// use std::time::Duration;
+/// use tower_sqlite_retry::{Operation, RetryPolicy};
+///
+/// async fn claim(db: &sqlx::SqlitePool) -> Result<Option<i64>, sqlx::Error> {
+///     // ... read the oldest pending item, mark it taken ...
+/// #   let _ = db; Ok(None)
+/// }
+///
+/// async fn dispatcher(db: sqlx::SqlitePool) {
+///     let policy = RetryPolicy::default().max_delay(Duration::from_millis(500));
+///     let mut backoff = Operation::new("claim", policy).backoff();
+///     # for _ in 0..3 {
+///     match claim(&db).await {
+///         Ok(_item) => backoff.reset(), // ... process it ...
+///         Err(e) => match backoff.next_delay(&e) {
+///             Some(delay) => tokio::time::sleep(delay).await,
+///             // not retryable, or the streak is over: logged once (WARN); keep polling
+///             None => tokio::time::sleep(backoff.cap()).await,
+///         },
+///     }
+///     # }
+/// }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// #     dispatcher(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap()).await
+/// # });
+/// ```
+///
+/// [`RetryPolicy::max_delay`]: crate::RetryPolicy::max_delay
+pub struct Backoff<C = crate::classify::RetryErrorChain> {
+    operation: Operation<C>,
+    /// The number of the try running now (1 after a reset), saturating.
+    attempt: u32,
+    /// When the streak's clock started: its first error (a loop's backoff), or the call (the
+    /// wrapper); `None` until then.
+    started: Option<Instant>,
+    /// The previous delay (for decorrelated jitter).
+    previous: Duration,
+    /// The delays given in this streak, together.
+    slept: Duration,
+    /// Why the last retry was given.
+    reason: Option<Retryable>,
+    /// How the streak ended, once it has (recorded once).
+    ended: Option<Outcome>,
+    /// Whether a streak is under way that must be recorded if this value is dropped: set by a
+    /// call of the wrapper from its start, and by a loop's first error.
+    armed: bool,
+    /// A loop's backoff (a WARN when it gives up) or a call's (as the layer: ERROR when the
+    /// attempts or the deadline run out).
+    in_loop: bool,
+    /// Drawn from at the first retry (a success never touches it).
+    rng: Option<fastrand::Rng>,
+}
+
+impl<C> Backoff<C> {
+    pub(super) fn of(operation: Operation<C>, in_loop: bool) -> Self {
+        Self {
+            operation,
+            attempt: 1,
+            started: None,
+            previous: Duration::ZERO,
+            slept: Duration::ZERO,
+            reason: None,
+            ended: None,
+            armed: false,
+            in_loop,
+            rng: None,
+        }
+    }
+
+    /// Starts the clock of a call now (the wrapper's deadline counts from its call).
+    pub(super) fn start_call(&mut self, now: Instant) {
+        self.started = Some(now);
+        self.armed = true;
+        self.operation.deposit();
+    }
+
+    /// When the clock started, if it has.
+    pub(super) fn started_at(&self) -> Option<Instant> {
+        self.started
+    }
+
+    /// Starts the clock without starting a call (a tower service's own policy, whose clone
+    /// for the request starts the call).
+    pub(super) fn set_started(&mut self, now: Instant) {
+        self.started = Some(now);
+    }
+
+    /// Whether a call (or a streak) is under way.
+    pub(super) fn is_call(&self) -> bool {
+        self.armed
+    }
+
+    /// The delay before the next try after `error`, or `None` to stop (not retryable; the
+    /// attempts, the deadline or the budget used up). A retry is counted, its event emitted
+    /// (at the policy's [`replay_event_level`](crate::RetryPolicy::replay_event_level)), and
+    /// the budget pays for it; a stop is logged once (WARN) and counted with its outcome.
+    pub fn next_delay<E>(&mut self, error: &E) -> Option<Duration>
+    where
+        C: ClassifyError<E>,
+    {
+        let reason = self.operation.classify(error);
+        self.after_error(reason)
+    }
+
+    /// [`next_delay`](Self::next_delay) for an error already classified: `Some` with why it is
+    /// retryable, `None` for an error that is not.
+    pub fn next_delay_for(&mut self, retryable: Option<Retryable>) -> Option<Duration> {
+        self.after_error(retryable)
+    }
+
+    fn after_error(&mut self, reason: Option<Retryable>) -> Option<Duration> {
+        if self.ended.is_some() {
+            // A streak that ended: this error starts the next one.
+            self.clear();
+        }
+        let now = Instant::now();
+        if !self.armed {
+            self.armed = true;
+            self.operation.deposit();
+        }
+        let started = *self.started.get_or_insert(now);
+        let policy = self.operation.retry_policy();
+        let retryable = reason.is_some();
+        let verdict = if retryable {
+            Verdict::Retryable
+        } else {
+            Verdict::Final { failed: true }
+        };
+        let remaining = started
+            .checked_add(policy.deadline)
+            .map(|end| end.saturating_duration_since(now));
+        // `u32::MAX` attempts means no limit: the counter saturates there, and a streak
+        // that long (weeks at the smallest delay) goes on at the cap.
+        let attempt = match policy.max_attempts {
+            u32::MAX => self.attempt.min(u32::MAX - 1),
+            _ => self.attempt,
+        };
+        let after = After {
+            attempt,
+            max_attempts: policy.max_attempts,
+            verdict,
+            not_replayable: false,
+            fenced: false,
+            remaining,
+        };
+        let (attempt, previous) = (self.attempt, self.previous);
+        let rng = self.rng.get_or_insert_with(fastrand::Rng::new);
+        let decision = decide(after, || {
+            policy.delay_with(attempt, previous, policy.max_delay, rng)
+        });
+        if retryable {
+            self.reason = reason;
+        }
+        let outcome = match decision {
+            Decision::Retry { delay } => {
+                if self.operation.withdraw() {
+                    self.attempt = self.attempt.saturating_add(1);
+                    self.previous = delay;
+                    self.slept = self.slept.saturating_add(delay);
+                    self.operation.retried(
+                        self.attempt,
+                        delay,
+                        now.saturating_duration_since(started),
+                        self.reason.as_ref(),
+                    );
+                    return Some(delay);
+                }
+                Outcome::BudgetExhausted
+            }
+            Decision::Finish(outcome) => outcome,
+        };
+        // A non-retryable error ends the streak without having been retried: its reason
+        // (an earlier retryable error) is not what ended it.
+        if !retryable {
+            self.reason = None;
+        }
+        self.end(outcome, now.saturating_duration_since(started));
+        None
+    }
+
+    /// Records how the streak ended, once.
+    fn end(&mut self, outcome: Outcome, elapsed: Duration) {
+        if self.ended.is_some() {
+            return;
+        }
+        self.ended = Some(outcome);
+        self.armed = false;
+        self.operation.finished(report::End {
+            outcome,
+            attempts: self.attempt,
+            elapsed,
+            backoff: self.slept,
+            reason: self.reason.as_ref(),
+            in_loop: self.in_loop,
+        });
+    }
+
+    /// After a success: records it (a first try, or a success after retries) and starts over
+    /// (attempt 1, the first delay next). No clock read, no allocation.
+    pub fn reset(&mut self) {
+        if self.ended.is_none() {
+            let outcome = if self.attempt > 1 {
+                Outcome::SucceededAfterRetry
+            } else {
+                Outcome::FirstTry
+            };
+            if !self.armed {
+                // a first try that never failed: it still counts as an operation
+                self.operation.deposit();
+            }
+            let elapsed = match (outcome, self.started) {
+                (Outcome::SucceededAfterRetry, Some(started)) => started.elapsed(),
+                _ => Duration::ZERO,
+            };
+            self.end(outcome, elapsed);
+        }
+        self.clear();
+    }
+
+    fn clear(&mut self) {
+        self.attempt = 1;
+        self.started = None;
+        self.previous = Duration::ZERO;
+        self.slept = Duration::ZERO;
+        self.reason = None;
+        self.ended = None;
+        self.armed = false;
+    }
+
+    /// The number of the try that runs next (or now): 1 after a reset, 2 after one retry, ...
+    /// Saturates at `u32::MAX`.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The policy's cap on one delay ([`RetryPolicy::max_delay`](crate::RetryPolicy::max_delay)):
+    /// what a poller that goes on after a `None` usually waits.
+    pub fn cap(&self) -> Duration {
+        self.operation.retry_policy().max_delay
+    }
+
+    /// Why the last retry was given (the retryable error's code and name), in this streak.
+    pub fn reason(&self) -> Option<&Retryable> {
+        self.reason.as_ref()
+    }
+
+    /// How the streak ended, when the last [`next_delay`](Self::next_delay) said `None`:
+    /// `Exhausted`, `Deadline`, `BudgetExhausted`, or `NonRetryable` (`FirstTry` for an error
+    /// that was not retryable on the first try).
+    pub fn stopped(&self) -> Option<Outcome> {
+        self.ended
+    }
+
+    /// The delays given in this streak, together.
+    pub fn total_delay(&self) -> Duration {
+        self.slept
+    }
+
+    /// The operation this backoff belongs to.
+    pub fn operation(&self) -> &Operation<C> {
+        &self.operation
+    }
+
+    pub(super) fn elapsed(&self) -> Duration {
+        self.started.map_or(Duration::ZERO, |s| s.elapsed())
+    }
+}
+
+impl<C> Drop for Backoff<C> {
+    fn drop(&mut self) {
+        if self.armed && self.ended.is_none() {
+            let elapsed = self.elapsed();
+            self.end(Outcome::Cancelled, elapsed);
+        }
+    }
+}
+
+impl<C> fmt::Debug for Backoff<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Backoff")
+            .field("operation", &self.operation.name())
+            .field("attempt", &self.attempt)
+            .field("total_delay", &self.slept)
+            .field("reason", &self.reason)
+            .field("stopped", &self.ended)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+    use tower::retry::budget::TpsBudget;
+
+    use super::*;
+    use crate::{Jitter, RetryPolicy};
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn busy() -> Option<Retryable> {
+        Some(Retryable::new("5", "SQLITE_BUSY"))
+    }
+
+    fn backoff(policy: RetryPolicy) -> Backoff {
+        Operation::new("test", policy).backoff()
+    }
+
+    fn jitter_strategy() -> impl Strategy<Value = Jitter> {
+        prop_oneof![
+            Just(Jitter::None),
+            Just(Jitter::Full),
+            Just(Jitter::Equal),
+            Just(Jitter::Decorrelated)
+        ]
+    }
+
+    proptest! {
+        /// Whatever the attempt count (the billionth error, `u32::MAX`), the delay is within
+        /// the cap and nothing overflows.
+        #[test]
+        fn never_above_the_cap_at_any_attempt_count(
+            base_us in 0u64..2_000_000,
+            extra_us in 0u64..5_000_000,
+            jitter in jitter_strategy(),
+            attempt in any::<u32>(),
+            errors in 1usize..40,
+        ) {
+            let cap = Duration::from_micros(base_us + extra_us);
+            let policy = RetryPolicy::default()
+                .base_delay(Duration::from_micros(base_us))
+                .max_delay(cap)
+                .jitter(jitter)
+                .max_attempts(u32::MAX)
+                .deadline(Duration::MAX);
+            let mut b = backoff(policy);
+            b.attempt = attempt.max(1);
+            for _ in 0..errors {
+                match b.next_delay_for(busy()) {
+                    Some(d) => prop_assert!(d <= cap, "{d:?} > {cap:?}"),
+                    None => prop_assert!(false, "stopped: {:?}", b.stopped()),
+                }
+            }
+        }
+
+        /// `reset` starts the schedule over: the first delay after it is drawn as the first
+        /// of all, whatever came before.
+        #[test]
+        fn reset_starts_over(errors in 0usize..200) {
+            let policy = RetryPolicy::default()
+                .base_delay(3 * MS)
+                .max_delay(100 * MS)
+                .jitter(Jitter::None)
+                .max_attempts(u32::MAX)
+                .deadline(Duration::MAX);
+            let mut b = backoff(policy);
+            for _ in 0..errors {
+                prop_assert!(b.next_delay_for(busy()).is_some());
+            }
+            b.reset();
+            prop_assert_eq!(b.attempt(), 1);
+            prop_assert_eq!(b.total_delay(), Duration::ZERO);
+            prop_assert_eq!(b.next_delay_for(busy()), Some(3 * MS));
+            prop_assert_eq!(b.attempt(), 2);
+        }
+    }
+
+    #[test]
+    fn doubles_up_to_the_cap_and_stays_there() {
+        let policy = RetryPolicy::default()
+            .base_delay(10 * MS)
+            .max_delay(50 * MS)
+            .jitter(Jitter::None)
+            .max_attempts(u32::MAX)
+            .deadline(Duration::MAX);
+        let mut b = backoff(policy);
+        let got: Vec<_> = (0..6).map(|_| b.next_delay_for(busy()).unwrap()).collect();
+        assert_eq!(got, [10, 20, 40, 50, 50, 50].map(|n| n * MS));
+        // duroxide's `100 * 2^n` overflows a u64 at n = 58: this goes on at the cap
+        b.attempt = u32::MAX - 2;
+        for _ in 0..5 {
+            assert_eq!(b.next_delay_for(busy()), Some(50 * MS));
+        }
+        assert_eq!(b.attempt(), u32::MAX);
+    }
+
+    #[test]
+    fn attempts_bound_a_streak() {
+        let op = Operation::new("test", RetryPolicy::default().max_attempts(3));
+        let mut b = op.backoff();
+        assert!(b.next_delay_for(busy()).is_some());
+        assert!(b.next_delay_for(busy()).is_some());
+        assert_eq!(b.attempt(), 3);
+        assert_eq!(b.next_delay_for(busy()), None);
+        assert_eq!(b.stopped(), Some(Outcome::Exhausted));
+        // the next error starts a new streak: a loop is never stuck on `None`
+        assert!(b.next_delay_for(busy()).is_some());
+        assert_eq!(b.attempt(), 2);
+        b.reset();
+        let snap = op.metrics().snapshot();
+        assert_eq!((snap.requests, snap.exhausted), (2, 1));
+        assert_eq!((snap.succeeded_after_retry, snap.retries), (1, 3));
+        assert_eq!(snap.requests, snap.finished());
+    }
+
+    #[test]
+    fn an_error_that_is_not_retryable_is_never_waited_on() {
+        let op = Operation::new("test", RetryPolicy::default());
+        let mut b = op.backoff();
+        assert_eq!(b.next_delay_for(None), None);
+        assert_eq!(b.stopped(), Some(Outcome::FirstTry));
+        assert!(b.next_delay_for(busy()).is_some());
+        assert_eq!(b.next_delay_for(None), None);
+        assert_eq!(b.stopped(), Some(Outcome::NonRetryable));
+        assert_eq!(b.reason(), None);
+        let snap = op.metrics().snapshot();
+        assert_eq!(
+            (snap.first_try, snap.non_retryable, snap.retries),
+            (1, 1, 1)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_bounds_a_streak_from_its_first_error() {
+        let policy = RetryPolicy::default()
+            .base_delay(30 * MS)
+            .max_delay(30 * MS)
+            .jitter(Jitter::None)
+            .deadline(100 * MS);
+        let mut b = backoff(policy);
+        // a long quiet time before the first error does not count
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        for _ in 0..3 {
+            let delay = b.next_delay_for(busy()).unwrap();
+            assert_eq!(delay, 30 * MS);
+            tokio::time::advance(delay).await;
+        }
+        // 90 ms in: a 30 ms delay would end past the deadline
+        assert_eq!(b.next_delay_for(busy()), None);
+        assert_eq!(b.stopped(), Some(Outcome::Deadline));
+    }
+
+    #[test]
+    fn the_budget_pays_for_each_retry() {
+        // no reserve, no share of the deposits: nothing to withdraw
+        let budget = Arc::new(TpsBudget::new(Duration::from_secs(10), 0, 0.0));
+        let op = Operation::new("test", RetryPolicy::default().budget(budget));
+        let mut b = op.backoff();
+        assert_eq!(b.next_delay_for(busy()), None);
+        assert_eq!(b.stopped(), Some(Outcome::BudgetExhausted));
+        // a generous one allows it
+        let budget = Arc::new(TpsBudget::new(Duration::from_secs(10), 100, 1.0));
+        let mut b = backoff(RetryPolicy::default().budget(budget));
+        assert!(b.next_delay_for(busy()).is_some());
+    }
+
+    #[test]
+    fn a_streak_dropped_midway_is_cancelled_and_a_quiet_one_is_nothing() {
+        let op = Operation::new("test", RetryPolicy::default());
+        drop(op.backoff());
+        assert_eq!(op.metrics().snapshot().requests, 0);
+        let mut b = op.backoff();
+        assert!(b.next_delay_for(busy()).is_some());
+        drop(b);
+        let snap = op.metrics().snapshot();
+        assert_eq!((snap.requests, snap.cancelled), (1, 1));
+    }
+
+    #[test]
+    fn jitter_never_goes_past_the_cap() {
+        for jitter in [Jitter::Full, Jitter::Equal, Jitter::Decorrelated] {
+            let policy = RetryPolicy::default()
+                .base_delay(7 * MS)
+                .max_delay(20 * MS)
+                .jitter(jitter)
+                .max_attempts(u32::MAX)
+                .deadline(Duration::MAX);
+            let mut b = backoff(policy);
+            for _ in 0..10_000 {
+                assert!(b.next_delay_for(busy()).unwrap() <= 20 * MS, "{jitter:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,397 @@
+//! Outside HTTP: the layer's retry for loops, functions and any tower service.
+//!
+//! `database is locked` hits every loop and function that writes to SQLite, not only HTTP
+//! handlers: a dispatcher polling a queue, a job worker, a function wrapped in a retry. They
+//! get the layer's [`RetryPolicy`] (the schedule, the deadline, the budget), its classification
+//! (by code, anywhere in the `source()` chain; PostgreSQL's and MySQL's codes too) and its
+//! observability, in the shapes such code already has. An [`Operation`] names them: its name
+//! stands where the layer has the route, in the events and the metrics.
+//!
+//! | shape | use |
+//! |---|---|
+//! | a loop that owns its timing (a dispatcher, a poller) | [`Operation::backoff`]: a [`Backoff`] that says how long to wait after an error, or to stop |
+//! | an async function (a claim, a transaction) | [`Operation::run`]: retries the closure, returns its value or an [`OperationError`] |
+//! | a tower service whose request is `Clone` (a job processor, an internal service, a unary gRPC client) | [`Operation::policy`] / [`Operation::layer`]: `tower::retry` with the operation's schedule |
+//!
+//! # What is retried
+//!
+//! Exactly what the layer replays: the operation's classifier decides, by default
+//! [`RetryErrorChain`] (a driver's retryable error anywhere
+//! in the error's `source()` chain: `SQLITE_BUSY` and its kin, a pool time-out, PostgreSQL's
+//! `40001`/`40P01`, MySQL's `1213`/`1205` with their features). Anything else is returned at
+//! once, never waited on. [`Operation::classify_with`] takes another classifier (a closure,
+//! [`NeverRetryErrors`](crate::NeverRetryErrors), ...).
+//!
+//! A retry re-runs the closure from its start, so, as for a replayed request, the failed try
+//! must have committed nothing: one transaction, begun inside the closure, committed as its
+//! last step (sqlx rolls back a dropped transaction).
+//!
+//! # What giving up means
+//!
+//! For a function (and a tower request), the policy's `max_attempts` and `deadline` bound the
+//! call, as they bound a request. For a loop they bound one **streak** of consecutive errors
+//! (from its first error to the [`Backoff::reset`] after the next success): past them the
+//! backoff says `None` once, logs a WARN, and the loop decides (a poller usually keeps polling
+//! at the cap, [`Backoff::cap`]).
+//!
+//! # Observability
+//!
+//! Target `tower_sqlite_retry`, as the layer's, with the field `retry.operation` where the layer
+//! has `http.route`:
+//!
+//! - `retrying operation`, once per retry, at the policy's
+//!   [`replay_event_level`](crate::RetryPolicy::replay_event_level) (DEBUG by default):
+//!   `retry.attempt` (the try about to run), `retry.delay_ms`, `retry.elapsed_ms`,
+//!   `db.response.status_code`, `error.type`;
+//! - `retries exhausted` (ERROR: the attempts or the deadline ran out) and `not retried`
+//!   (WARN: the budget, or an error that is not retryable after retries) when a call gives up;
+//!   a loop's backoff logs both at WARN (the loop goes on): `retry.attempts`,
+//!   `retry.elapsed_ms`, `retry.outcome`, and the error's code and name.
+//!
+//! [`Operation::metrics`] counts as the layer's [`RetryMetrics`] do (an operation is a
+//! request: `first_try`, `succeeded_after_retry`, `exhausted`, ...). With the `metrics` feature
+//! the same metric names as the layer's are emitted, labelled `operation` instead of
+//! `http_route` and `http_request_method`.
+//!
+//! A success costs no allocation, no lock and no event: a loop's `reset()` reads no clock; a
+//! call reads it once, at its start, for its deadline.
+//!
+//! # The write path from a loop
+//!
+//! A worker whose claim reads and then writes (the oldest pending item, then mark it taken)
+//! meets `SQLITE_BUSY` whenever another connection writes between the two: a retry cures it,
+//! at the price of the work redone and the wait. With the write path (`WritePool`, feature
+//! `sqlite-write`) the claim waits for its turn and begins `IMMEDIATE`, so it never fails that
+//! way within the process; wrap it in [`Operation::run`] all the same, for what the write path
+//! cannot prevent (another process's writer past `busy_timeout`, a pool time-out). Use:
+//!
+//! - **a backoff alone** when the writes are short, few or idempotent, or the database is not
+//!   SQLite (PostgreSQL's `40001` is cured only by a retry);
+//! - **the write path** when several workers or a web service write the same SQLite file at
+//!   once: retries then waste no work and the claim order stays first come, first served.
+//!
+//! `docs/outside-http.md` in the repository has the whole story and the dispatcher
+//! demonstration (`cargo run --release --example dispatcher`).
+
+mod backoff;
+mod policy;
+mod report;
+
+use std::borrow::Cow;
+use std::error::Error;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+pub use self::backoff::Backoff;
+pub use self::policy::{Delay, OperationLayer, OperationPolicy};
+use crate::admission::{Admission, Admissions};
+use crate::classify::{ClassifyError, RetryErrorChain, Retryable};
+use crate::metrics::{Outcome, RetryMetrics, Stats};
+use crate::policy::{InvalidPolicy, RetryPolicy};
+
+/// A named operation and its retry policy: the [`Backoff`] of a loop, the wrapper
+/// [`run`](Self::run) of a function, the [`OperationPolicy`] of a tower service.
+///
+/// Cheap to clone (one reference count): clones share the counters
+/// ([`metrics`](Self::metrics)) and the policy's budget.
+///
+#[cfg_attr(feature = "sqlx", doc = "```")]
+#[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
+/// use std::time::Duration;
+/// use tower_sqlite_retry::{Operation, RetryPolicy};
+///
+/// async fn rename(db: &sqlx::SqlitePool, id: i64, name: &str) -> Result<(), sqlx::Error> {
+///     let op = Operation::new("rename", RetryPolicy::default().deadline(Duration::from_secs(2)));
+///     op.run(|_attempt| async move {
+///         let mut tx = db.begin().await?;
+///         sqlx::query("UPDATE items SET name = ? WHERE id = ?")
+///             .bind(name)
+///             .bind(id)
+///             .execute(&mut *tx)
+///             .await?;
+///         tx.commit().await
+///     })
+///     .await
+///     .map_err(|e| e.into_inner())
+/// }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// #     let db = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
+/// #     sqlx::query("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT)").execute(&db).await.unwrap();
+/// #     rename(&db, 1, "x").await.unwrap();
+/// # });
+/// ```
+pub struct Operation<C = RetryErrorChain> {
+    shared: Arc<Shared>,
+    classifier: C,
+}
+
+struct Shared {
+    name: Cow<'static, str>,
+    policy: RetryPolicy,
+    stats: Arc<Stats>,
+}
+
+impl Operation {
+    /// An operation named `name` (in events and metrics, where the layer puts the route) with
+    /// this policy and the default classifier, [`RetryErrorChain`].
+    ///
+    /// # Panics
+    ///
+    /// If the policy is invalid ([`RetryPolicy::validate`] says why), as
+    /// [`SqliteRetryLayer::new`](crate::SqliteRetryLayer::new); [`try_new`](Self::try_new)
+    /// returns the reason instead.
+    pub fn new(name: impl Into<Cow<'static, str>>, policy: RetryPolicy) -> Self {
+        match Self::try_new(name, policy) {
+            Ok(operation) => operation,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// An operation, or why its policy cannot work.
+    ///
+    /// ```
+    /// use tower_sqlite_retry::{Operation, RetryPolicy};
+    ///
+    /// let err = Operation::try_new("claim", RetryPolicy::default().max_attempts(0)).unwrap_err();
+    /// assert!(err.to_string().contains("max_attempts"));
+    /// ```
+    pub fn try_new(
+        name: impl Into<Cow<'static, str>>,
+        policy: RetryPolicy,
+    ) -> Result<Self, InvalidPolicy> {
+        policy.validate()?;
+        crate::recorder::describe();
+        Ok(Self {
+            shared: Arc::new(Shared {
+                name: name.into(),
+                policy,
+                stats: Arc::new(Stats::new(Admissions::new(Admission::Off))),
+            }),
+            classifier: RetryErrorChain,
+        })
+    }
+}
+
+impl<C> Operation<C> {
+    /// The same operation (its name, policy and counters) with another classifier: a closure
+    /// `Fn(&E) -> Option<Retryable>`, [`NeverRetryErrors`](crate::NeverRetryErrors), or any
+    /// [`ClassifyError`].
+    ///
+    /// ```
+    /// use tower_sqlite_retry::{Operation, RetryPolicy, Retryable, classify_error_chain};
+    ///
+    /// // anyhow::Error is no std Error: hand the chain walk its inner error
+    /// let op = Operation::new("sync", RetryPolicy::default())
+    ///     .classify_with(|e: &anyhow::Error| classify_error_chain(e.as_ref()));
+    /// # let _ = op;
+    /// ```
+    pub fn classify_with<C2>(self, classifier: C2) -> Operation<C2> {
+        Operation {
+            shared: self.shared,
+            classifier,
+        }
+    }
+
+    /// The operation's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The operation's retry policy.
+    pub fn retry_policy(&self) -> &RetryPolicy {
+        &self.shared.policy
+    }
+
+    /// The operation's counters (shared by its clones, backoffs and policies), as the layer's.
+    ///
+    /// ```
+    /// use tower_sqlite_retry::{Operation, RetryPolicy};
+    ///
+    /// let op = Operation::new("claim", RetryPolicy::default());
+    /// let mut backoff = op.backoff();
+    /// backoff.reset(); // a success
+    /// assert_eq!(op.metrics().snapshot().first_try, 1);
+    /// ```
+    pub fn metrics(&self) -> RetryMetrics {
+        self.shared.stats.handle()
+    }
+
+    fn deposit(&self) {
+        if let Some(budget) = &self.shared.policy.budget {
+            budget.deposit();
+        }
+    }
+
+    /// Whether the budget allows a retry (always, without one).
+    fn withdraw(&self) -> bool {
+        self.shared
+            .policy
+            .budget
+            .as_ref()
+            .is_none_or(|budget| budget.withdraw())
+    }
+
+    fn classify<E>(&self, error: &E) -> Option<Retryable>
+    where
+        C: ClassifyError<E>,
+    {
+        self.classifier.classify_error(error)
+    }
+
+    fn retried(
+        &self,
+        attempt: u32,
+        delay: Duration,
+        elapsed: Duration,
+        reason: Option<&Retryable>,
+    ) {
+        self.shared.stats.counters.retry();
+        report::retrying(
+            &self.shared.name,
+            self.shared.policy.replay_event_level,
+            attempt,
+            delay,
+            elapsed,
+            reason,
+        );
+    }
+
+    fn finished(&self, end: report::End<'_>) {
+        let counters = &self.shared.stats.counters;
+        counters.request();
+        counters.finished(end.outcome, end.attempts);
+        report::finished(&self.shared.name, &end);
+    }
+}
+
+impl<C: Clone> Operation<C> {
+    /// A [`Backoff`] for a loop: the schedule of one streak of errors at a time.
+    pub fn backoff(&self) -> Backoff<C> {
+        Backoff::of(self.clone(), true)
+    }
+
+    /// Runs `op` until it succeeds, or its error is not retryable, or the policy's attempts,
+    /// deadline or budget are used up; sleeps the backoff between tries (tokio's timer). The
+    /// closure is given the number of the try (1 for the first).
+    ///
+    /// The deadline counts from this call and bounds every wait; a try that has started is
+    /// never cut short (it may have committed). Dropping the returned future cancels the try
+    /// or the wait in progress, and is counted (`cancelled`).
+    ///
+    /// `Err` holds the last error, the tries made and the time spent ([`OperationError`]).
+    /// A success allocates nothing.
+    pub async fn run<T, E, F, Fut>(&self, mut op: F) -> Result<T, OperationError<E>>
+    where
+        F: FnMut(u32) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        C: ClassifyError<E>,
+    {
+        let mut backoff = Backoff::of(self.clone(), false);
+        backoff.start_call(Instant::now());
+        loop {
+            let attempt = backoff.attempt();
+            match op(attempt).await {
+                Ok(value) => {
+                    backoff.reset();
+                    return Ok(value);
+                }
+                Err(error) => match backoff.next_delay(&error) {
+                    Some(delay) => tokio::time::sleep(delay).await,
+                    None => {
+                        let outcome = backoff.stopped().unwrap_or(Outcome::NonRetryable);
+                        return Err(OperationError {
+                            error,
+                            attempts: attempt,
+                            elapsed: backoff.elapsed(),
+                            outcome,
+                        });
+                    }
+                },
+            }
+        }
+    }
+}
+
+impl<C: Clone> Clone for Operation<C> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+            classifier: self.classifier.clone(),
+        }
+    }
+}
+
+impl<C> fmt::Debug for Operation<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Operation")
+            .field("name", &self.shared.name)
+            .field("policy", &self.shared.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`Operation::run`] returns when it gives up: the last error, the tries made and the
+/// time spent, and why it stopped.
+///
+/// Its `source()` is the error, so a retryable error inside is still found by
+/// [`classify_error_chain`](crate::classify_error_chain) (a handler under the layer that
+/// returns it is replayed as a whole when the layer's policy allows more).
+#[derive(Debug)]
+pub struct OperationError<E> {
+    error: E,
+    attempts: u32,
+    elapsed: Duration,
+    outcome: Outcome,
+}
+
+impl<E> OperationError<E> {
+    /// The last error.
+    pub fn error(&self) -> &E {
+        &self.error
+    }
+
+    /// The last error, by value.
+    pub fn into_inner(self) -> E {
+        self.error
+    }
+
+    /// The tries made, the first included.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// The time from the call to the last error.
+    pub fn elapsed(&self) -> Duration {
+        self.elapsed
+    }
+
+    /// Why the call stopped: `FirstTry` (the first error was not retryable), `NonRetryable`
+    /// (a later one was not), `Exhausted`, `Deadline` or `BudgetExhausted`.
+    pub fn outcome(&self) -> Outcome {
+        self.outcome
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for OperationError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "failed after {} attempt{} in {:?} ({}): {}",
+            self.attempts,
+            if self.attempts == 1 { "" } else { "s" },
+            self.elapsed,
+            self.outcome,
+            self.error
+        )
+    }
+}
+
+impl<E: Error + 'static> Error for OperationError<E> {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        Some(&self.error)
+    }
+}

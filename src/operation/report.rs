@@ -1,0 +1,102 @@
+//! What an operation reports: the retry and give-up events (the layer's, with
+//! `retry.operation` where the layer has `http.route`) and its end in the metrics facade.
+
+use std::time::Duration;
+
+use tracing::Level;
+
+use crate::classify::Retryable;
+use crate::decide::gave_up;
+use crate::metrics::Outcome;
+use crate::recorder;
+
+/// How an operation (a call, a request of a tower service, a loop's streak) ended.
+pub(super) struct End<'a> {
+    pub(super) outcome: Outcome,
+    pub(super) attempts: u32,
+    pub(super) elapsed: Duration,
+    /// The time it spent in backoff.
+    pub(super) backoff: Duration,
+    /// The retryable error it retried on last.
+    pub(super) reason: Option<&'a Retryable>,
+    /// A loop's streak: giving up is a WARN (the loop goes on), never an ERROR.
+    pub(super) in_loop: bool,
+}
+
+/// One retry given: the `retrying operation` event at the policy's level, the metric.
+pub(super) fn retrying(
+    operation: &str,
+    level: Level,
+    attempt: u32,
+    delay: Duration,
+    elapsed: Duration,
+    reason: Option<&Retryable>,
+) {
+    let delay_ms = delay.as_secs_f64() * 1000.0;
+    let elapsed_ms = elapsed.as_millis() as u64;
+    macro_rules! retry_event {
+        ($level:expr) => {
+            tracing::event!(target: "tower_sqlite_retry", $level,
+                retry.attempt = attempt,
+                retry.delay_ms = delay_ms,
+                retry.elapsed_ms = elapsed_ms,
+                db.response.status_code = reason.map(Retryable::code),
+                error.type = reason.map(Retryable::name),
+                retry.operation = operation,
+                "retrying operation"
+            )
+        };
+    }
+    match level {
+        l if l == Level::TRACE => retry_event!(Level::TRACE),
+        l if l == Level::DEBUG => retry_event!(Level::DEBUG),
+        l if l == Level::INFO => retry_event!(Level::INFO),
+        l if l == Level::WARN => retry_event!(Level::WARN),
+        _ => retry_event!(Level::ERROR),
+    }
+    recorder::operation_retry(operation, reason.map_or("", Retryable::name));
+}
+
+/// The end: the give-up event where it gave up, the metrics.
+pub(super) fn finished(operation: &str, end: &End<'_>) {
+    let End {
+        outcome,
+        attempts,
+        elapsed,
+        backoff,
+        reason,
+        in_loop,
+    } = *end;
+    if gave_up(outcome) {
+        let elapsed_ms = elapsed.as_millis() as u64;
+        macro_rules! stop_event {
+            ($level:expr, $message:literal) => {
+                tracing::event!(target: "tower_sqlite_retry", $level,
+                    retry.attempts = attempts,
+                    retry.elapsed_ms = elapsed_ms,
+                    retry.outcome = outcome.as_str(),
+                    db.response.status_code = reason.map(Retryable::code),
+                    error.type = reason.map(Retryable::name),
+                    retry.operation = operation,
+                    $message
+                )
+            };
+        }
+        match outcome {
+            Outcome::Exhausted | Outcome::Deadline if !in_loop => {
+                stop_event!(Level::ERROR, "retries exhausted")
+            }
+            Outcome::Exhausted | Outcome::Deadline => {
+                stop_event!(Level::WARN, "retries exhausted")
+            }
+            _ => stop_event!(Level::WARN, "not retried"),
+        }
+    }
+    recorder::operation_finished(recorder::OperationFinished {
+        operation,
+        outcome,
+        error_type: reason.filter(|_| gave_up(outcome)).map(Retryable::name),
+        attempts,
+        backoff,
+    });
+}
