@@ -185,6 +185,11 @@ pub mod __private {
 #[cfg(all(doctest, feature = "sqlx", feature = "axum"))]
 pub struct ReadmeDoctests;
 
+// `docs/outside-http.md`'s Rust blocks run as doctests too (one of them uses the write path).
+#[doc = include_str!("../docs/outside-http.md")]
+#[cfg(all(doctest, feature = "sqlx", feature = "sqlite-write"))]
+pub struct OutsideHttpDoctests;
+
 #[cfg(test)]
 mod traits {
     use super::*;

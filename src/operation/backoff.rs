@@ -360,8 +360,8 @@ mod tests {
             base_us in 0u64..2_000_000,
             extra_us in 0u64..5_000_000,
             jitter in jitter_strategy(),
-            attempt in any::<u32>(),
-            errors in 1usize..40,
+            attempt in prop_oneof![any::<u32>(), u32::MAX - 50..=u32::MAX],
+            errors in 1usize..60,
         ) {
             let cap = Duration::from_micros(base_us + extra_us);
             let policy = RetryPolicy::default()
