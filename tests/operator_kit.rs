@@ -1709,9 +1709,9 @@ fn promtool_checks_the_rules_and_passes_their_tests() {
             .output()
     };
     if promtool(&["--version"]).is_err() {
-        eprintln!(
-            "SKIPPED: promtool is not installed (Debian's `prometheus` package has it; CI \
-             installs it)"
+        common::skipped(
+            "promtool_checks_the_rules_and_passes_their_tests",
+            "promtool is not installed (Debian's `prometheus` package has it; CI installs it)",
         );
         return;
     }

@@ -175,3 +175,57 @@ fn nested_clones_share_one_slot() {
     shuttle::check_random(nested_clones, 3_000);
     shuttle::check_pct(nested_clones, 3_000, 3);
 }
+
+/// The known-bad variant the model must catch: `hold` that asks whether the request is
+/// fenced *before* it stores the slot (`slot.rs` asks after, outside the lock the fence
+/// takes). A fence landing between the two finds no slot to give back, and the slot is kept
+/// past the fence.
+mod checks_first {
+    use shuttle::sync::Mutex;
+    use shuttle::sync::atomic::{AtomicBool, Ordering};
+
+    #[derive(Default)]
+    pub(super) struct State {
+        fenced: AtomicBool,
+        slot: Mutex<Option<super::Token>>,
+    }
+
+    impl State {
+        pub(super) fn hold(&self, slot: super::Token) {
+            if self.fenced.load(Ordering::Acquire) {
+                return; // dropped: given back
+            }
+            *self.slot.lock().unwrap() = Some(slot);
+        }
+
+        pub(super) fn fence(&self) {
+            self.fenced.store(true, Ordering::Release);
+            drop(self.slot.lock().unwrap().take());
+        }
+    }
+}
+
+#[test]
+fn the_model_finds_a_slot_kept_when_hold_asks_for_the_fence_first() {
+    let found = std::panic::catch_unwind(|| {
+        shuttle::check_random(
+            || {
+                let h = Held::default();
+                let request = Arc::new(checks_first::State::default());
+                let granted = {
+                    let (r, h) = (request.clone(), h.clone());
+                    thread::spawn(move || r.hold(Token::take(&h)))
+                };
+                let fence = {
+                    let r = request.clone();
+                    thread::spawn(move || r.fence())
+                };
+                granted.join().unwrap();
+                fence.join().unwrap();
+                assert_eq!(held(&h), 0, "the slot is not kept past the fence");
+            },
+            3_000,
+        );
+    });
+    assert!(found.is_err(), "the checker finds the slot kept past the fence");
+}

@@ -93,6 +93,16 @@ pub struct WriteLock {
 }
 
 impl WriteLock {
+    /// Runs `sql` (a write) in the held transaction, then commits: every transaction whose
+    /// snapshot was taken before now then fails `SQLITE_BUSY_SNAPSHOT` when it tries to write.
+    pub async fn release_after(mut self, sql: &str) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&mut self.conn)
+            .await
+            .expect("the lock holder's write");
+        self.release().await;
+    }
+
     pub async fn release(mut self) {
         sqlx::query("COMMIT")
             .execute(&mut self.conn)
@@ -183,13 +193,34 @@ pub fn assert_no_db_detail(body: &str) {
 }
 
 /// The URL of a real database server from the environment variable `var`
-/// (`TSR_POSTGRES_URL`, `TSR_MYSQL_URL`), or `None` after printing that the test is skipped.
+/// (`TSR_POSTGRES_URL`, `TSR_MYSQL_URL`), or `None` after saying that the test is skipped
+/// ([`skipped`]).
 pub fn server_url(var: &str, test: &str) -> Option<String> {
     match std::env::var(var) {
         Ok(url) if !url.trim().is_empty() => Some(url),
         _ => {
-            eprintln!("{test}: skipped: set {var} to run");
+            skipped(test, &format!("set {var} to run"));
             None
+        }
+    }
+}
+
+/// Says that `test` skipped its check, and why, where someone will see it: a `SKIPPED:` line
+/// on stderr (libtest shows it only for a failing test), and a line appended to the file
+/// `TSR_SKIP_LOG` names, if set: `.ci/run` counts and prints those lines after each test step
+/// (and fails on them with `CI_STRICT=1`).
+pub fn skipped(test: &str, why: &str) {
+    use std::io::Write;
+    let line = format!("SKIPPED: {test}: {why}");
+    eprintln!("{line}");
+    if let Some(path) = std::env::var_os("TSR_SKIP_LOG") {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path);
+        // one write per line, in append mode: lines of parallel tests never interleave
+        if let Ok(mut log) = log {
+            let _ = log.write_all(format!("{line}\n").as_bytes());
         }
     }
 }

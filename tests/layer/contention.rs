@@ -2,11 +2,20 @@
 //! read-then-write transaction, mixed with GETs, against a pool of 8 connections with sqlx's
 //! default busy timeout. With `RetryPolicy::default()`: zero failures and exactly-once
 //! commits. Without the layer: failures (the control that proves the scenario is real).
+//!
+//! That contention is made certain, not hoped for: the runs start while another connection
+//! holds the write lock, and once a POST has read (its transaction's snapshot taken) that
+//! connection commits a write and lets go. The POST's write then meets `SQLITE_BUSY_SNAPSHOT`
+//! whatever the busy timeout (the WAL snapshot upgrade), so without the layer at least one
+//! POST fails, and with it at least one is replayed; the rest of the load adds what contention
+//! the machine's scheduling makes.
 
 use crate::common;
 
 use std::collections::HashSet;
 use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::extract::State;
 use axum::routing::{get, post};
@@ -22,14 +31,18 @@ use common::{HttpClient, TestDb, serve};
 const CLIENTS: usize = 32;
 const POSTS_PER_CLIENT: usize = 15;
 
+/// The pool, and how many POSTs have read (their snapshot taken, their write next).
+type AppState = (SqlitePool, Arc<AtomicUsize>);
+
 async fn create(
-    State(pool): State<SqlitePool>,
+    State((pool, reads)): State<AppState>,
     Json(name): Json<String>,
 ) -> Result<Json<i64>, DbError> {
     let mut tx = pool.begin().await?;
     let next: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(seq), 0) + 1 FROM items")
         .fetch_one(&mut *tx)
         .await?;
+    reads.fetch_add(1, Ordering::SeqCst);
     sqlx::query("INSERT INTO items (seq, name) VALUES (?, ?)")
         .bind(next)
         .bind(name)
@@ -39,7 +52,7 @@ async fn create(
     Ok(Json(next))
 }
 
-async fn list(State(pool): State<SqlitePool>) -> Result<Json<Vec<i64>>, DbError> {
+async fn list(State((pool, _)): State<AppState>) -> Result<Json<Vec<i64>>, DbError> {
     let seqs = sqlx::query_scalar("SELECT seq FROM items ORDER BY seq DESC LIMIT 20")
         .fetch_all(&pool)
         .await?;
@@ -53,6 +66,8 @@ struct Run {
     rows: i64,
     distinct_names: i64,
     returned_seqs: HashSet<i64>,
+    /// The layer's replays (0 without it).
+    retries: u64,
 }
 
 async fn run(with_layer: bool) -> Run {
@@ -88,13 +103,25 @@ async fn run_with(
         .execute(&pool)
         .await
         .unwrap();
+    sqlx::query("CREATE TABLE marker (x INTEGER)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let reads = Arc::new(AtomicUsize::new(0));
+    let layer = policy.map(SqliteRetryLayer::new);
     let mut app = Router::new()
         .route("/items", post(create).get(list))
         .route("/health", get(|| async { "ok" }));
-    if let Some(policy) = policy {
-        app = app.layer(SqliteRetryLayer::new(policy));
+    if let Some(layer) = &layer {
+        app = app.layer(layer.clone());
     }
-    let server = serve(app.with_state(pool.clone())).await;
+    let server = serve(app.with_state((pool.clone(), reads.clone()))).await;
+    // Held until a POST has read: that POST's write then meets BUSY_SNAPSHOT (module docs).
+    let lock = db.hold_write_lock().await;
+    let release = async {
+        common::poll_until("a POST has read", async || reads.load(Ordering::SeqCst) > 0).await;
+        lock.release_after("INSERT INTO marker VALUES (1)").await;
+    };
 
     let clients = (0..clients).map(|c| {
         let client = HttpClient::new(server.addr);
@@ -115,7 +142,7 @@ async fn run_with(
             (ok, failed, get_failed, seqs)
         }
     });
-    let results = join_all(clients).await;
+    let (results, ()) = tokio::join!(join_all(clients), release);
     let mut run = Run {
         posts_ok: 0,
         posts_failed: 0,
@@ -123,6 +150,7 @@ async fn run_with(
         rows: 0,
         distinct_names: 0,
         returned_seqs: HashSet::new(),
+        retries: layer.map_or(0, |layer| layer.metrics().snapshot().retries),
     };
     for (ok, failed, get_failed, seqs) in results {
         run.posts_ok += ok;
@@ -148,6 +176,7 @@ async fn thirty_two_clients_zero_failures_with_the_layer() {
         "with the layer: {} ok, {} failed POSTs, {} failed GETs",
         run.posts_ok, run.posts_failed, run.gets_failed
     );
+    assert!(run.retries > 0, "the contention the lock made was replayed");
     assert_eq!(run.posts_failed, 0, "failed POSTs with the layer");
     assert_eq!(run.gets_failed, 0, "failed GETs with the layer");
     assert_eq!(run.posts_ok, CLIENTS * POSTS_PER_CLIENT);
@@ -163,9 +192,9 @@ async fn thirty_two_clients_zero_failures_with_the_layer() {
     );
 }
 
-/// Without the layer, how many requests fail depends on how the machine schedules the clients
-/// (`tests/layer/replay.rs` and `tests/app.rs` show the failure deterministically, with a held lock);
-/// what never depends on it: a failed request committed nothing.
+/// Without the layer, at least the POST that read under the held lock fails (how many more
+/// depends on how the machine schedules the clients); what never depends on it: a failed
+/// request committed nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn without_the_layer_failures_commit_nothing() {
     let run = run(false).await;
@@ -173,6 +202,7 @@ async fn without_the_layer_failures_commit_nothing() {
         "without the layer: {} ok, {} failed POSTs",
         run.posts_ok, run.posts_failed
     );
+    assert!(run.posts_failed > 0, "the control: the scenario's contention is real");
     assert_eq!(
         run.posts_ok + run.posts_failed,
         CLIENTS * POSTS_PER_CLIENT,

@@ -335,7 +335,10 @@ async fn snapshot_isolation_on(conn: &mut MySqlConnection, test: &str) -> bool {
     {
         Ok(_) => true,
         Err(e) => {
-            eprintln!("{test}: skipped: the server has no innodb_snapshot_isolation ({e})");
+            common::skipped(
+                test,
+                &format!("the server has no innodb_snapshot_isolation ({e})"),
+            );
             false
         }
     }

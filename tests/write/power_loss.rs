@@ -76,7 +76,7 @@ fn shim(test: &str) -> Option<&'static Path> {
     match SHIM.get_or_init(build_shim) {
         Ok(path) => Some(path),
         Err(why) => {
-            eprintln!("SKIPPED: {test}: {why}");
+            common::skipped(test, why);
             None
         }
     }
