@@ -227,5 +227,8 @@ fn the_model_finds_a_slot_kept_when_hold_asks_for_the_fence_first() {
             3_000,
         );
     });
-    assert!(found.is_err(), "the checker finds the slot kept past the fence");
+    assert!(
+        found.is_err(),
+        "the checker finds the slot kept past the fence"
+    );
 }

@@ -25,6 +25,41 @@ use tokio::sync::{Semaphore, watch};
 use tower_sqlite_retry::policy::ReadLimit;
 use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer, WritePool};
 
+/// Requests the layer held back: each opens its `sqlite_retry` span the moment it must wait
+/// for a place (a request that gets in at once opens none, and no request of these tests is
+/// replayed), so a count of those spans says that a read is waiting, not that it happened to
+/// be slow. Counted by the process's subscriber (this file is a crate of its own), installed
+/// by [`Case::new`] before any request.
+static HELD_BACK: AtomicUsize = AtomicUsize::new(0);
+
+struct CountHeldBack;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for CountHeldBack {
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        _: &tracing::span::Id,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if attrs.metadata().name() == "sqlite_retry" {
+            HELD_BACK.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+fn count_held_back() {
+    use tracing_subscriber::layer::SubscriberExt;
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(CountHeldBack))
+            .expect("the process's subscriber");
+    });
+}
+
+fn held_back() -> usize {
+    HELD_BACK.load(Ordering::SeqCst)
+}
+
 /// The tests of this file one at a time: the read limit asks whether a writer waits for *any*
 /// database's turn in the process.
 async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
@@ -148,7 +183,9 @@ struct Case {
 
 impl Case {
     async fn new(layer: SqliteRetryLayer) -> Self {
+        count_held_back();
         let serial = serial().await;
+        HELD_BACK.store(0, Ordering::SeqCst);
         let db = TestDb::new();
         let app = App::new(&db).await;
         let server = serve(app.router(layer)).await;
@@ -185,9 +222,13 @@ async fn while_a_writer_waits_reads_run_at_most_the_limit_at_once() {
     let (held, writer) = waiting_writer(app, 1).await;
 
     let reads: Vec<_> = (0..3).map(|_| spawn_get(client, "/read")).collect();
-    poll_until("two reads in", async || app.entered() == 2).await;
-    // The third is held back: it gets in only when one of the two answers. (Its `max_wait`
-    // is an hour: it cannot get in any other way.)
+    poll_until("two reads in, the third held back", async || {
+        app.entered() == 2 && held_back() == 1
+    })
+    .await;
+    // The third waits: it gets in only when one of the two answers. (Its `max_wait` is an
+    // hour: it cannot get in any other way.)
+    assert_eq!(app.entered(), 2);
     app.release.add_permits(1);
     poll_until("the third read in", async || app.entered() == 3).await;
     assert_eq!(
@@ -242,12 +283,14 @@ async fn a_read_held_back_runs_anyway_after_its_max_wait() {
     // The first read keeps the only permit until the test lets it go (a long poll).
     let first = spawn_get(client, "/read");
     poll_until("the first read in", async || app.entered() == 1).await;
-    // The second is held back, then gets in without a permit while the first is still in.
+    // The second is held back (without a limit it would get in at once: no span), then gets
+    // in without a permit while the first is still in.
     let second = spawn_get(client, "/read");
     poll_until("the second read in beside the first", async || {
         app.entered() == 2
     })
     .await;
+    assert_eq!(held_back(), 1, "the second read was held back");
     assert_eq!(app.inside.load(Ordering::SeqCst), 2);
     app.release.add_permits(2);
     assert_eq!(second.await.unwrap().status, StatusCode::OK);
@@ -287,17 +330,13 @@ async fn by_default_reads_are_held_back_to_one_per_core_while_writers_wait() {
     // One read per core gets in at once, and stays in until the test lets it go.
     let mut reads: Vec<_> = (0..cores).map(|_| spawn_get(client, "/read")).collect();
     poll_until("one read per core in", async || app.entered() == cores).await;
-    // The next is held back: it gets in only once its `max_wait` (10 ms by default) has
-    // passed, without a place, while the others are still in. (A lower bound on the time is
-    // what the limit guarantees; without it the read would get in at once.)
-    let sent = std::time::Instant::now();
+    // The next is held back (without a limit it would get in at once, opening no span), and
+    // gets in once its `max_wait` (10 ms by default) has passed, without a place, while the
+    // others are still in.
+    assert_eq!(held_back(), 0);
     reads.push(spawn_get(client, "/read"));
     poll_until("the held-back read in", async || app.entered() == cores + 1).await;
-    assert!(
-        sent.elapsed() >= Duration::from_millis(10), // the default `ReadLimit::max_wait`
-        "the read got in after {:?}: it was not held back",
-        sent.elapsed()
-    );
+    assert_eq!(held_back(), 1, "the read beyond one per core was held back");
     assert_eq!(app.inside.load(Ordering::SeqCst), cores + 1);
 
     app.release.add_permits(cores + 1);

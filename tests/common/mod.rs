@@ -205,6 +205,65 @@ pub fn server_url(var: &str, test: &str) -> Option<String> {
     }
 }
 
+/// A child process of this test binary running one of its entry points: `name`, the full
+/// path of an `#[ignore]`d test that is not a test on its own (a server to kill, another
+/// process's writer), run alone with `--ignored --exact`. Its harness output says whether it
+/// ran: see [`ChildRan`].
+pub fn child_test(name: &str) -> std::process::Command {
+    let mut command = std::process::Command::new(std::env::current_exe().expect("this binary"));
+    command.args([
+        name,
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ]);
+    command
+}
+
+/// What a child's harness said about the entry point it was to run, read line by line from
+/// its output: a child whose filter matched nothing (a renamed test) says `running 0 tests`
+/// and exits 0, so its parent must ask.
+#[derive(Default)]
+pub struct ChildRan {
+    started: bool,
+    passed: bool,
+}
+
+impl ChildRan {
+    /// Reads one line of the child's output.
+    pub fn line(&mut self, line: &str) {
+        if line.trim() == "running 1 test" {
+            self.started = true;
+        }
+        if line.contains("test result: ok. 1 passed") {
+            self.passed = true;
+        }
+    }
+
+    /// All of a finished child's output.
+    pub fn output(output: &str) -> Self {
+        let mut ran = Self::default();
+        output.lines().for_each(|l| ran.line(l));
+        ran
+    }
+
+    /// Panics unless the child started its one entry point.
+    pub fn assert_started(&self, name: &str) {
+        assert!(
+            self.started,
+            "the child ran no test: is `{name}` its full name?"
+        );
+    }
+
+    /// Panics unless the child ran its one entry point and it passed.
+    pub fn assert_passed(&self, name: &str) {
+        self.assert_started(name);
+        assert!(self.passed, "the child's `{name}` did not pass");
+    }
+}
+
 /// Says that `test` skipped its check, and why, where someone will see it: a `SKIPPED:` line
 /// on stderr (libtest shows it only for a failing test), and a line appended to the file
 /// `TSR_SKIP_LOG` names, if set: `.ci/run` counts and prints those lines after each test step

@@ -202,7 +202,10 @@ async fn without_the_layer_failures_commit_nothing() {
         "without the layer: {} ok, {} failed POSTs",
         run.posts_ok, run.posts_failed
     );
-    assert!(run.posts_failed > 0, "the control: the scenario's contention is real");
+    assert!(
+        run.posts_failed > 0,
+        "the control: the scenario's contention is real"
+    );
     assert_eq!(
         run.posts_ok + run.posts_failed,
         CLIENTS * POSTS_PER_CLIENT,

@@ -13,7 +13,7 @@
 use crate::common;
 
 use std::io::{BufRead, Write};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -171,9 +171,10 @@ async fn a_lock_held_3_s_is_waited_out_without_admission() {
 const CHILD_DB: &str = "TSR_WAITING_OUT_CHILD_DB";
 
 /// The other process (run by [`a_lock_held_by_another_process_is_waited_out`]): takes the
-/// write lock on its own connection, says `locked`, commits when it reads a line. Without
-/// the variable it does nothing.
+/// write lock on its own connection, says `locked`, commits when it reads a line. Not a test
+/// on its own; without the variable it does nothing.
 #[tokio::test]
+#[ignore = "a child process's entry point, run by a_lock_held_by_another_process_is_waited_out"]
 async fn child_process_holding_the_lock() {
     let Ok(path) = std::env::var(CHILD_DB) else {
         return;
@@ -201,13 +202,7 @@ async fn child_process_holding_the_lock() {
 #[tokio::test]
 async fn a_lock_held_by_another_process_is_waited_out() {
     let s = setup(Admission::Adaptive).await;
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "waiting_out::child_process_holding_the_lock",
-            "--nocapture",
-            "--quiet",
-        ])
+    let mut child = common::child_test("waiting_out::child_process_holding_the_lock")
         .env(CHILD_DB, &s.db.path)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -216,8 +211,12 @@ async fn a_lock_held_by_another_process_is_waited_out() {
     let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
     let (locked, mut stdout) = tokio::task::spawn_blocking(move || {
         let mut line = String::new();
+        let mut ran = common::ChildRan::default();
         while stdout.read_line(&mut line).unwrap() > 0 {
-            if line.trim() == "locked" {
+            ran.line(&line);
+            // (the harness writes `test ... ... ` before it, on the same line)
+            if line.trim_end().ends_with("locked") {
+                ran.assert_started("waiting_out::child_process_holding_the_lock");
                 return (true, stdout);
             }
             line.clear();

@@ -5,7 +5,7 @@
 use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -380,10 +380,11 @@ async fn nested_and_sequential_transactions_in_one_handler() {
 
 const CHILD_DB: &str = "TSR_WRITE_PATH_CHILD_DB";
 
-/// Not a test on its own: the writer in another process. Re-run by
+/// Not a test on its own: the writer in another process. Run by
 /// `a_writer_in_another_process_is_waited_out` with the database's path in `CHILD_DB`, it
 /// holds `BEGIN IMMEDIATE` (with a row written) until its stdin says go, then commits.
 #[tokio::test]
+#[ignore = "a child process's entry point, run by a_writer_in_another_process_is_waited_out"]
 async fn other_process_writer() {
     let Ok(path) = std::env::var(CHILD_DB) else {
         return;
@@ -438,13 +439,7 @@ async fn a_writer_in_another_process_is_waited_out() {
     }
     let db = TestDb::new();
     let writes = WritePool::new(pool(&db, 2, Duration::ZERO).await);
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "write_path::other_process_writer",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    let mut child = common::child_test("write_path::other_process_writer")
         .env(CHILD_DB, &db.path)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -455,12 +450,15 @@ async fn a_writer_in_another_process_is_waited_out() {
     // The reader stays open until the child is done (it prints more after "locked").
     let (locked, _child_out) = tokio::task::spawn_blocking(move || {
         let mut line = String::new();
+        let mut ran = common::ChildRan::default();
         loop {
             line.clear();
             if child_out.read_line(&mut line).unwrap() == 0 {
                 return (false, child_out);
             }
+            ran.line(&line);
             if line.trim_end().ends_with("locked") {
+                ran.assert_started("write_path::other_process_writer");
                 return (true, child_out);
             }
         }
