@@ -273,6 +273,12 @@ mod emit {
         metrics::histogram!(BACKOFF, vec![name]).record(backoff);
     }
 
+    /// A try of an operation outside HTTP waited for its admission slot.
+    pub(crate) fn operation_queue_wait(operation: &str, waited: Duration) {
+        let labels = vec![Label::new(OPERATION, operation.to_owned())];
+        metrics::histogram!(QUEUE_WAIT, labels).record(waited);
+    }
+
     /// A retry of an operation outside HTTP.
     pub(crate) fn operation_retry(operation: &str, error_type: &str) {
         let labels = vec![
@@ -409,6 +415,15 @@ pub(crate) fn operation_finished(finished: OperationFinished<'_>) {
     emit::operation_finished(finished);
     #[cfg(not(feature = "metrics"))]
     let _ = finished;
+}
+
+/// A try of an operation outside HTTP waited `waited` for its admission slot.
+#[inline]
+pub(crate) fn operation_queue_wait(operation: &str, waited: Duration) {
+    #[cfg(feature = "metrics")]
+    emit::operation_queue_wait(operation, waited);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (operation, waited);
 }
 
 /// A retry of an operation outside HTTP, after a retryable error named `error_type`.

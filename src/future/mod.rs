@@ -66,7 +66,7 @@ use self::source::Source;
 
 /// The longest backoff of a request that holds a writer-admission slot while others queue
 /// behind it, in `base_delay`s.
-const ADMITTED_BACKOFF_FACTOR: u32 = 4;
+pub(crate) const ADMITTED_BACKOFF_FACTOR: u32 = 4;
 
 /// The attempts a request holding a slot may make with the short backoff; past them it is
 /// colliding with a writer outside the queue that holds on (a migration, a backup, another
@@ -75,7 +75,7 @@ const ADMITTED_BACKOFF_FACTOR: u32 = 4;
 /// let a request back off to `max_delay` while its whole queue waited, for a clearly worse
 /// p99 than sixteen, measured interleaved; a lock held for a second still costs
 /// only about a dozen more attempts.
-const SHORT_BACKOFF_ATTEMPTS: u32 = 16;
+pub(crate) const SHORT_BACKOFF_ATTEMPTS: u32 = 16;
 
 /// The wait for a permit: the replay gate's, or the read limit's (`None`: the read waited the
 /// policy's `read_wait` and goes ahead without one).

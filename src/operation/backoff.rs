@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{Operation, report};
+use crate::admission::Admitted;
 use crate::classify::{ClassifyError, Retryable};
 use crate::decide::{After, Decision, Verdict, decide};
 use crate::metrics::Outcome;
@@ -84,6 +85,9 @@ pub struct Backoff<C = crate::classify::RetryErrorChain> {
     in_loop: bool,
     /// Drawn from at the first retry (a success never touches it).
     rng: Option<fastrand::Rng>,
+    /// The admission slot this streak holds ([`admit`](Self::admit)), through its backoffs,
+    /// until it ends.
+    slot: Option<Admitted>,
 }
 
 impl<C> Backoff<C> {
@@ -99,6 +103,48 @@ impl<C> Backoff<C> {
             armed: false,
             in_loop,
             rng: None,
+            slot: None,
+        }
+    }
+
+    /// Waits for the operation's admission slot, when it has a limit (admission is on, the
+    /// policy's default, and one of its tries failed retryably): from its first retryable
+    /// error on, the operation's tries run at most the learned limit at once, first come
+    /// first served, each keeping its slot through its backoff until it succeeds or stops
+    /// (the layer's writer admission, for an operation). At once otherwise, and while this
+    /// streak holds its slot. The wait is bounded by the deadline (a streak's, or the
+    /// policy's from now): past it the try runs without a slot. Uses tokio's timer only
+    /// while it waits. [`Operation::run`] calls it before each try; a loop calls it before
+    /// each of its own.
+    pub async fn admit(&mut self) {
+        if self.slot.is_some() {
+            return;
+        }
+        let Some(limit) = self.operation.limit() else {
+            return;
+        };
+        if let Some(slot) = limit.try_admit() {
+            self.slot = Some(slot);
+            return;
+        }
+        let deadline = self.operation.retry_policy().deadline;
+        let waited = Instant::now();
+        let end = self.started.unwrap_or(waited).checked_add(deadline);
+        let acquire = limit.admit();
+        let slot = match end {
+            Some(end) => tokio::time::timeout_at(end, acquire).await.ok(),
+            None => Some(acquire.await),
+        };
+        self.operation.queued(waited.elapsed());
+        self.slot = slot;
+    }
+
+    /// Counts how a try made under the slot ended in the limit's window.
+    fn record(&self, collided: bool) {
+        if self.slot.is_some()
+            && let Some(limit) = self.operation.limit()
+        {
+            limit.record(collided);
         }
     }
 
@@ -178,11 +224,27 @@ impl<C> Backoff<C> {
             fenced: false,
             remaining,
         };
+        self.record(retryable);
+        if retryable && self.slot.is_none() {
+            // the operation meets contention: its tries queue from now on
+            self.operation.contended();
+        }
+        // A try holding a slot while others queue behind it backs off briefly at first (they
+        // wait out its backoff too), as the layer's requests do.
+        let cap = match &self.slot {
+            Some(_)
+                if self.attempt <= crate::future::SHORT_BACKOFF_ATTEMPTS
+                    && self.operation.limit().is_some_and(|l| l.waiting() > 0) =>
+            {
+                policy
+                    .base_delay
+                    .saturating_mul(crate::future::ADMITTED_BACKOFF_FACTOR)
+            }
+            _ => policy.max_delay,
+        };
         let (attempt, previous) = (self.attempt, self.previous);
         let rng = self.rng.get_or_insert_with(fastrand::Rng::new);
-        let decision = decide(after, || {
-            policy.delay_with(attempt, previous, policy.max_delay, rng)
-        });
+        let decision = decide(after, || policy.delay_with(attempt, previous, cap, rng));
         if retryable {
             self.reason = reason;
         }
@@ -220,6 +282,8 @@ impl<C> Backoff<C> {
         }
         self.ended = Some(outcome);
         self.armed = false;
+        // the slot goes back with the streak's end
+        self.slot = None;
         self.operation.finished(report::End {
             outcome,
             attempts: self.attempt,
@@ -233,6 +297,7 @@ impl<C> Backoff<C> {
     /// After a success: records it (a first try, or a success after retries) and starts over
     /// (attempt 1, the first delay next). No clock read, no allocation.
     pub fn reset(&mut self) {
+        self.record(false);
         if self.ended.is_none() {
             let outcome = if self.attempt > 1 {
                 Outcome::SucceededAfterRetry
@@ -260,6 +325,7 @@ impl<C> Backoff<C> {
         self.reason = None;
         self.ended = None;
         self.armed = false;
+        self.slot = None;
     }
 
     /// The number of the try that runs next (or now): 1 after a reset, 2 after one retry, ...

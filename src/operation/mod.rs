@@ -26,6 +26,20 @@
 //! must have committed nothing: one transaction, begun inside the closure, committed as its
 //! last step (sqlx rolls back a dropped transaction).
 //!
+//! # Admission: tries that collide take turns
+//!
+//! As the layer's writer admission does for a route, an operation that meets a retryable error
+//! gets a learned limit on its tries in flight (with the policy's
+//! [`Admission::Adaptive`](crate::policy::Admission), the default): from then on its tries
+//! queue for a slot, first come first served, each keeping its slot through its backoff until
+//! it succeeds or stops, and the limit follows AIMD on how many of them collide. Workers that
+//! all claim the oldest row of one queue stop colliding with each other. [`Operation::run`]
+//! takes a slot before each try; a loop calls [`Backoff::admit`] before each of its own (a
+//! no-op until the operation met contention, and while the streak holds its slot).
+//! `Admission::Off` turns it off. The policy's replay gate is the layer's alone (an
+//! operation queues its tries instead), and a tower service under [`Operation::layer`] has
+//! neither: tower's `Retry` owns that loop.
+//!
 //! # What giving up means
 //!
 //! For a function (and a tower request), the policy's `max_attempts` and `deadline` bound the
@@ -81,14 +95,14 @@ use std::borrow::Cow;
 use std::error::Error;
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 pub use self::backoff::Backoff;
 pub use self::policy::{Delay, OperationLayer, OperationPolicy};
-use crate::admission::{Admission, Admissions};
+use crate::admission::{Admission, Admissions, RouteLimit};
 use crate::classify::{ClassifyError, RetryErrorChain, Retryable};
 use crate::metrics::{Outcome, RetryMetrics, Stats};
 use crate::policy::{InvalidPolicy, RetryPolicy};
@@ -133,6 +147,9 @@ struct Shared {
     name: Cow<'static, str>,
     policy: RetryPolicy,
     stats: Arc<Stats>,
+    /// Admission's learned limit on the operation's tries in flight, from its first retryable
+    /// error on (with the policy's `Admission::Adaptive`, the default).
+    limit: OnceLock<Arc<RouteLimit>>,
 }
 
 impl Operation {
@@ -170,6 +187,7 @@ impl Operation {
                 name: name.into(),
                 policy,
                 stats: Arc::new(Stats::new(Admissions::new(Admission::Off))),
+                limit: OnceLock::new(),
             }),
             classifier: RetryErrorChain,
         })
@@ -235,6 +253,23 @@ impl<C> Operation<C> {
             .is_none_or(|budget| budget.withdraw())
     }
 
+    /// The operation's admission limit, once it met contention.
+    fn limit(&self) -> Option<&Arc<RouteLimit>> {
+        self.shared.limit.get()
+    }
+
+    /// A retryable error: from now on the operation's tries queue (admission on).
+    fn contended(&self) -> Option<&Arc<RouteLimit>> {
+        if self.shared.policy.admission == Admission::Off {
+            return None;
+        }
+        Some(
+            self.shared
+                .limit
+                .get_or_init(|| Arc::new(RouteLimit::new())),
+        )
+    }
+
     fn classify<E>(&self, error: &E) -> Option<Retryable>
     where
         C: ClassifyError<E>,
@@ -258,6 +293,12 @@ impl<C> Operation<C> {
             elapsed,
             reason,
         );
+    }
+
+    /// A try waited `waited` for its admission slot.
+    fn queued(&self, waited: Duration) {
+        self.shared.stats.counters.queued();
+        report::queued(&self.shared.name, waited);
     }
 
     fn finished(&self, end: report::End<'_>) {
@@ -293,6 +334,7 @@ impl<C: Clone> Operation<C> {
         let mut backoff = Backoff::of(self.clone(), false);
         backoff.start_call(Instant::now());
         loop {
+            backoff.admit().await;
             let attempt = backoff.attempt();
             match op(attempt).await {
                 Ok(value) => {

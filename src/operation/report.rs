@@ -100,3 +100,8 @@ pub(super) fn finished(operation: &str, end: &End<'_>) {
         backoff,
     });
 }
+
+/// A try waited for its admission slot: the layer's queue-wait metric, by operation.
+pub(super) fn queued(operation: &str, waited: Duration) {
+    recorder::operation_queue_wait(operation, waited);
+}

@@ -1,0 +1,1 @@
+//! A test-only package: see `tests/stack.rs`.
