@@ -109,6 +109,7 @@
 //! | `sqlx-0_8` | the same for sqlx 0.8 |
 //! | `rusqlite` | rusqlite 0.14 to 0.43 (`DriverError`, `From<rusqlite::Error>`) |
 //! | `libsql` | libSQL 0.10, local and embedded-replica databases (`DriverError`, `From<libsql::Error>`) |
+//! | `diesel` | Diesel 2.2 to 2.4 (`DriverError`, `From<diesel::result::Error>`): `SQLITE_BUSY` known by SQLite's fixed message, Diesel keeping no code |
 //! | `postgres` | PostgreSQL SQLSTATEs, in whichever sqlx versions are on |
 //! | `mysql` | MySQL/MariaDB error numbers, in whichever sqlx versions are on |
 //! | `metrics` | metrics through the [`metrics`](https://docs.rs/metrics) facade |
@@ -120,7 +121,7 @@
 //! `bytes` (1.x); `tower-layer` and `tower-service` (0.3); `tower` 0.5 (the retry
 //! [`Budget`](tower::retry::budget::Budget) a policy takes, `BoxError`); `tracing` 0.1 (the
 //! `Level` of [`RetryPolicy::replay_event_level`]); and, with their features, `axum` 0.8,
-//! sqlx 0.9 and 0.8, rusqlite (0.14 to 0.43) and libsql 0.10 (`From` impls and classifiers),
+//! sqlx 0.9 and 0.8, rusqlite (0.14 to 0.43), libsql 0.10 and diesel 2 (`From` impls and classifiers),
 //! sqlx-sqlite 0.9 (`sqlite-write`: `WritePool` takes and gives sqlx's SQLite types).
 //! Moving to a new breaking version of any of them is a breaking release of this crate. CI
 //! checks the list with `cargo-check-external-types`. The minimum supported Rust version is

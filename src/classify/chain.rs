@@ -13,7 +13,9 @@ use super::marker::{ClassifyError, Retryable};
 /// Each link of the chain is tried against every error type this build knows, whatever the
 /// features: a [`DbError`](crate::DbError) (its [`retryable`](crate::DbError::retryable)
 /// marker), a `sqlx::Error` of sqlx 0.9 (feature `sqlx`) or 0.8 (`sqlx-0_8`), a
-/// `rusqlite::Error` (`rusqlite`), a `libsql::Error` (`libsql`), and the database errors a
+/// `rusqlite::Error` (`rusqlite`), a `libsql::Error` (`libsql`), a `diesel::result::Error`
+/// (`diesel`; also the one a `diesel::ConnectionError` holds, which its `source()` skips),
+/// and the database errors a
 /// sqlx error holds (PostgreSQL's and MySQL's with their features, SQLite's always), which is
 /// what the chain shows in place of the `sqlx::Error` itself when a wrapper is
 /// `#[error(transparent)]` (thiserror then forwards `source()` past the wrapped error). The
@@ -138,6 +140,18 @@ fn classify_link(error: &(dyn Error + 'static)) -> Option<Option<Retryable>> {
     }
     #[cfg(feature = "libsql")]
     if let Some(e) = error.downcast_ref::<::libsql::Error>() {
+        return Some(DriverError::retryable(e));
+    }
+    #[cfg(feature = "diesel")]
+    if let Some(e) = error.downcast_ref::<::diesel::result::Error>() {
+        return Some(DriverError::retryable(e));
+    }
+    // Diesel's `ConnectionError` forwards `source()` past the query error it holds (a
+    // connection's setup statement that failed): read it here.
+    #[cfg(feature = "diesel")]
+    if let Some(::diesel::ConnectionError::CouldntSetupConfiguration(e)) =
+        error.downcast_ref::<::diesel::ConnectionError>()
+    {
         return Some(DriverError::retryable(e));
     }
     // The database error a sqlx error holds, met in place of the sqlx error behind an

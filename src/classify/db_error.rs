@@ -7,16 +7,18 @@ use std::fmt;
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 
-#[cfg(driver)]
+#[cfg(any(driver, feature = "diesel"))]
 use super::{Constraint, DriverError};
-use super::{Detail, Retryable, database_detail};
+use super::{Detail, Retryable, classified_by, database_detail};
 
 /// A handler error for database-backed axum services.
 ///
 /// The error of every supported driver converts into it with `?`, each behind its feature:
 /// `sqlx::Error` of sqlx 0.9 (`sqlx`, the default), of sqlx 0.8 (`sqlx-0_8`),
-/// `rusqlite::Error` (`rusqlite`) and `libsql::Error` (`libsql`). All are classified by the same tables, so the answer depends
-/// on the database's code, not on the driver. Its `IntoResponse` (feature `axum`) and [`into_http_response`](DbError::into_http_response) answer:
+/// `rusqlite::Error` (`rusqlite`), `libsql::Error` (`libsql`) and `diesel::result::Error`
+/// (`diesel`). All are classified by the same tables, so the answer depends
+/// on the database's code, not on the driver (Diesel keeps no code: its error kinds, and
+/// SQLite's fixed `database is locked` for `SQLITE_BUSY`). Its `IntoResponse` (feature `axum`) and [`into_http_response`](DbError::into_http_response) answer:
 ///
 /// | error | status | body |
 /// |---|---|---|
@@ -33,7 +35,7 @@ use super::{Detail, Retryable, database_detail};
 ///
 /// | answer | event | level | fields |
 /// |---|---|---|---|
-/// | `503` (replayed by the layer) | `db error (retryable)` | DEBUG | `db.response.status_code`, `db.error.name` |
+/// | `503` (replayed by the layer) | `db error (retryable)` | DEBUG | `db.response.status_code`, `db.error.name`; `db.classified_by = "message"` when the verdict came from the database's message rather than its code (Diesel's `SQLITE_BUSY`) |
 /// | `409` | `db error (conflict)` | INFO | `db.response.status_code`, `db.error.name`, `db.constraint` and `db.table` (when the driver names them: PostgreSQL) |
 /// | `422` | `db error (invalid input)` | INFO | as `409` |
 /// | `500` | `db error` | ERROR | `db.response.status_code`, `db.error.name`, `error.message` |
@@ -149,7 +151,7 @@ impl DbError {
 
 impl DbError {
     /// A driver's error, classified by the shared tables.
-    #[cfg(driver)]
+    #[cfg(any(driver, feature = "diesel"))]
     fn classified(
         retryable: Option<Retryable>,
         constraint: Option<Constraint>,
@@ -216,6 +218,19 @@ impl From<libsql::Error> for DbError {
     }
 }
 
+/// Diesel: [`DriverError::retryable`](crate::DriverError::retryable) (`SQLITE_BUSY` by
+/// SQLite's fixed text, `SerializationFailure`), then the constraint kinds: `UniqueViolation`
+/// and `ForeignKeyViolation` `409`, `NotNullViolation` and `CheckViolation` `422`.
+#[cfg(feature = "diesel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "diesel")))]
+impl From<diesel::result::Error> for DbError {
+    fn from(error: diesel::result::Error) -> Self {
+        let retryable = error.retryable();
+        let constraint = super::diesel_constraint(&error);
+        Self::classified(retryable, constraint, error)
+    }
+}
+
 impl fmt::Debug for DbError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DbError")
@@ -276,6 +291,8 @@ impl DbError {
                 tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,
                     db.response.status_code = %r.code(),
                     db.error.name = %r.name(),
+                    // Only when the verdict came from the message, not a code (Diesel).
+                    db.classified_by = classified_by(self.source.as_ref()),
                     "db error (retryable)"
                 )
             }

@@ -2,6 +2,7 @@
 //!
 //! Each binding (`sqlx.rs`, `sqlx08.rs`, `rusqlite.rs`, `libsql.rs`) implements the trait for
 //! its driver's error by turning it into a [`Coded`](super::Coded): the tables decide.
+//! `diesel.rs` reads Diesel's error kinds instead (Diesel keeps no code).
 
 use super::marker::Retryable;
 
@@ -16,8 +17,10 @@ pub(super) use sealed::Sealed;
 /// can cure it, whether it is a constraint violation, and the database's code and its name.
 ///
 /// Implemented (sealed) for `sqlx::Error` (sqlx 0.9, feature `sqlx`; and sqlx 0.8's, feature
-/// `sqlx-0_8`), `rusqlite::Error` (feature `rusqlite`) and `libsql::Error` (feature
-/// `libsql`). Every driver hands its code to the same table, so one code gets one answer
+/// `sqlx-0_8`), `rusqlite::Error` (feature `rusqlite`), `libsql::Error` (feature
+/// `libsql`) and `diesel::result::Error` (feature `diesel`: Diesel keeps no code, so its
+/// `SQLITE_BUSY` is known by SQLite's fixed text `database is locked`, and its
+/// `SerializationFailure` kind stands for `40001`). Every driver hands its code to the same table, so one code gets one answer
 /// whatever the driver: the [module's](super) tables. For another binding, the tables take
 /// codes: [`classify_sqlite_code`](super::classify_sqlite_code),
 /// [`classify_postgres_code`](super::classify_postgres_code),

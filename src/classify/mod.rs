@@ -2,7 +2,9 @@
 //! classifiers, and one table per database.
 //!
 //! Every binding (sqlx 0.9, sqlx 0.8, rusqlite, libsql) hands its driver's code to the same
-//! tables, so that one code gets one answer whatever the driver. Decisions are taken on codes:
+//! tables, so that one code gets one answer whatever the driver. Diesel keeps no code: its
+//! binding reads Diesel's error kinds, and `SQLITE_BUSY` by the one text SQLite gives it
+//! (`database is locked`; see `docs/stacks.md`). Decisions are taken on codes:
 //! messages change between versions, are localised by some servers, and repeat one wording
 //! for unrelated codes. The exceptions are texts SQLite itself fixes, where the code alone
 //! cannot tell (below). [`DbError`](crate::DbError) answers with the last column; an
@@ -104,13 +106,15 @@
 // and the dispatch: every binding turns its driver's error into a `Coded` (which database,
 // which code, the message) and the tables decide on that. The tables need no driver:
 // `sqlite` (shared by every SQLite binding), `postgres`, `mysql`. The bindings, each behind
-// its feature: `sqlx` (0.9), `sqlx08` (0.8), `rusqlite`, `libsql`; `chain` walks an error's
-// `source()` chain through all of them.
+// its feature: `sqlx` (0.9), `sqlx08` (0.8), `rusqlite`, `libsql`; `diesel` (no code: Diesel's
+// kinds, and SQLite's busy text); `chain` walks an error's `source()` chain through all of them.
 
 mod chain;
 #[cfg(driver)]
 mod coded;
 pub(crate) mod db_error;
+#[cfg(feature = "diesel")]
+mod diesel;
 mod driver;
 #[cfg(feature = "libsql")]
 mod libsql;
@@ -145,6 +149,8 @@ pub use self::mysql::{classify_mysql_code, mysql_code_name};
 pub use self::postgres::{classify_postgres_code, postgres_code_name};
 pub use self::sqlite::{classify_sqlite_code, sqlite_code_name};
 
+#[cfg(feature = "diesel")]
+pub(crate) use self::diesel::constraint as diesel_constraint;
 #[cfg(feature = "libsql")]
 pub(crate) use self::libsql::constraint as libsql_constraint;
 #[cfg(feature = "rusqlite")]
@@ -174,6 +180,24 @@ pub(crate) fn database_detail(
     #[cfg(feature = "libsql")]
     if let Some(detail) = self::libsql::database_detail(error) {
         return Some(detail);
+    }
+    #[cfg(feature = "diesel")]
+    if let Some(detail) = self::diesel::database_detail(error) {
+        return Some(detail);
+    }
+    let _ = error;
+    None
+}
+
+/// How the verdict on the error [`DbError`](crate::DbError) holds was reached, when not by a
+/// database code: `Some("message")` for Diesel's `SQLITE_BUSY`, known by SQLite's fixed text
+/// (Diesel keeps no code); `None` for every other error.
+pub(crate) fn classified_by(
+    error: &(dyn std::error::Error + Send + Sync + 'static),
+) -> Option<&'static str> {
+    #[cfg(feature = "diesel")]
+    if let Some(by) = self::diesel::classified_by(error) {
+        return Some(by);
     }
     let _ = error;
     None

@@ -458,3 +458,63 @@ async fn custom_classifiers_decide() {
         .unwrap_err();
     assert_eq!((err.attempts(), err.outcome()), (1, Outcome::FirstTry));
 }
+
+/// Admission: once an operation met a retryable error, its tries take turns. A call that
+/// holds the slot (retrying, then in a try the test holds) keeps a second call's try from
+/// starting until it has succeeded; with `Admission::Off` the second runs at once.
+#[tokio::test(start_paused = true)]
+async fn contended_tries_take_turns() {
+    use tower_sqlite_retry::policy::Admission;
+    for admission in [Admission::Adaptive, Admission::Off] {
+        let op = Operation::new("turns", common::fast_policy(10).admission(admission));
+        let (go_tx, go) = tokio::sync::watch::channel(false);
+        let a_tries = Arc::new(AtomicU32::new(0));
+        let a = op.run(|attempt| {
+            let (tries, mut go) = (a_tries.clone(), go.clone());
+            async move {
+                tries.fetch_add(1, Ordering::SeqCst);
+                if attempt == 1 {
+                    return Err(sqlx::Error::PoolTimedOut);
+                }
+                let _ = go.wait_for(|go| *go).await;
+                Ok(())
+            }
+        });
+        let mut a = Box::pin(a);
+        let mut cx = noop_context();
+        assert!(a.as_mut().poll(&mut cx).is_pending()); // failed once, backing off
+        tokio::time::advance(Duration::from_millis(5)).await;
+        assert!(a.as_mut().poll(&mut cx).is_pending()); // its second try, held
+        assert_eq!(a_tries.load(Ordering::SeqCst), 2);
+
+        let b_tries = Arc::new(AtomicU32::new(0));
+        let b = op.run(|_| {
+            let tries = b_tries.clone();
+            async move {
+                tries.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, sqlx::Error>(())
+            }
+        });
+        let mut b = Box::pin(b);
+        match admission {
+            Admission::Off => {
+                assert!(b.as_mut().poll(&mut cx).is_ready(), "no queue");
+                assert_eq!(b_tries.load(Ordering::SeqCst), 1);
+            }
+            _ => {
+                assert!(b.as_mut().poll(&mut cx).is_pending(), "queued behind a");
+                assert_eq!(
+                    b_tries.load(Ordering::SeqCst),
+                    0,
+                    "b's try waits for the slot"
+                );
+                go_tx.send(true).unwrap();
+                assert!(a.as_mut().poll(&mut cx).is_ready());
+                assert!(b.as_mut().poll(&mut cx).is_ready(), "a's slot went to b");
+                assert_eq!(b_tries.load(Ordering::SeqCst), 1);
+                assert_eq!(op.metrics().snapshot().queued, 1);
+            }
+        }
+        drop((a, b));
+    }
+}

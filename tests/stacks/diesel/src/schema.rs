@@ -1,0 +1,6 @@
+diesel::table! {
+    items (id) {
+        id -> Integer,
+        name -> Text,
+    }
+}
