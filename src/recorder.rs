@@ -59,8 +59,9 @@ pub const WRITE_GROUP_MEMBERS: &str = "tower_sqlite_retry_write_group_members";
 pub const WRITE_GROUP_HELD: &str = "tower_sqlite_retry_write_group_held_seconds";
 
 /// Counter: syncs of the WAL that failed while group commit shared its fsync (the shared
-/// fsync, a checkpoint's, a `COMMIT`'s on the writer connection); each stopped group commit
-/// for its pool (the disk refused a write: see the write path's docs). Label `database`.
+/// fsync, a checkpoint's, a `COMMIT`'s on the writer connection); after one, the database
+/// file is refused writes until the process restarts (the disk refused a write: see the write
+/// path's docs). Label `database`.
 #[cfg(feature = "metrics")]
 pub const WRITE_SYNC_ERRORS: &str = "tower_sqlite_retry_write_sync_errors_total";
 

@@ -21,7 +21,7 @@
 //! | `tower_sqlite_retry_write_waiting` | gauge | count | `database` | the write path: write transactions waiting for their database's turn now (the queue's length) |
 //! | `tower_sqlite_retry_write_group_members` | histogram | count | `database` | group commit: write transactions made durable by one shared fsync of the WAL |
 //! | `tower_sqlite_retry_write_group_held_seconds` | histogram | seconds | `database` | group commit: time one shared fsync of the WAL took (outside the write lock) |
-//! | `tower_sqlite_retry_write_sync_errors_total` | counter | count | `database` | group commit: syncs of the WAL that failed; each stopped group commit for its pool (the disk refused a write) |
+//! | `tower_sqlite_retry_write_sync_errors_total` | counter | count | `database` | group commit: syncs of the WAL that failed; after one, the database file is refused writes until the process restarts (the disk refused a write) |
 //! | `tower_sqlite_retry_write_errors_total` | counter | count | `database`, `stage` | the write path: write transactions that failed, by the step that failed (`turn`, `begin`, `commit`, `sync`, `rollback`) |
 //!
 //! Operations outside HTTP ([`Operation`](crate::Operation): a loop's backoff, the function

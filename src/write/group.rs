@@ -106,9 +106,9 @@ fn lock(mutex: &Mutex<State>) -> MutexGuard<'_, State> {
 }
 
 /// What an operator does once the disk refused a write of the WAL.
-const STOPPED_ADVICE: &str = "group commit is off for this database until the process \
-     restarts (each COMMIT is SQLite's own again); check the disk, then restart the process \
-     (SQLite recovers the WAL)";
+const STOPPED_ADVICE: &str = "writes to this database are refused until the process \
+     restarts (frames the failed sync did not make durable would take every later commit with \
+     them on a power loss); check the disk, then restart the process (SQLite recovers the WAL)";
 
 impl<D: Driver> Syncs<D> {
     /// The shared fsync of `database`'s WAL (`database`: the main file, as SQLite names it).
@@ -230,6 +230,9 @@ impl<D: Driver> Syncs<D> {
             let stopped = state.stopped.clone().expect("set above");
             (first, std::mem::take(&mut state.waiting), stopped)
         };
+        // The file's, not this pool's: every pool on it, now and later, is refused (before
+        // anyone waiting is told, so that no later commit reads "not refused").
+        self.queue.refuse(&stopped);
         for waiter in waiting {
             let _ = waiter.send(Err(Arc::clone(&stopped)));
         }
@@ -240,8 +243,8 @@ impl<D: Driver> Syncs<D> {
                 db.namespace = %self.queue.database(),
                 error.message = %why,
                 "group commit stopped: a sync of the WAL ({}) failed, and what it did not make \
-                 durable cannot be told apart; the transactions waiting for an fsync, and any \
-                 that commit before the writer connection's level changes back, fail; {STOPPED_ADVICE}",
+                 durable cannot be told apart; the transactions waiting for an fsync fail, and \
+                 so does every later write to the database; {STOPPED_ADVICE}",
                 self.path.display()
             );
         }

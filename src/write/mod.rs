@@ -132,13 +132,20 @@
 //! bad frame of the WAL, so every transaction after it could be lost on a power loss however
 //! many later fsyncs succeed (PostgreSQL's "fsyncgate"). So the `commit()`s waiting, and any
 //! that committed while sharing, fail with [`GroupCommitFailed`] (not retryable, never
-//! replayed: committed, not known durable; the layer answers `500`), group commit turns itself
-//! off for that pool (each `COMMIT` is SQLite's own again, which reports errors its own way),
-//! an ERROR event says so once, and [`WriteStats::sync_errors`] and the
-//! `tower_sqlite_retry_write_sync_errors_total` counter count it (`ops/` has the alert). What
-//! an operator does then, as PostgreSQL asks after a failed fsync: check the disk (kernel log,
-//! SMART, free space), then restart the process, which opens the database afresh and lets
-//! SQLite recover the WAL. Group commit stays off for that pool until then.
+//! replayed: committed, not known durable; the layer answers `500`), and **the database file
+//! is refused every write until the process restarts**, through every pool of the process on
+//! it, now or later: a transaction begun after the failure fails at its begin, one that began
+//! before and commits after it fails at its commit, both with [`GroupCommitFailed`]
+//! ([`is_refusal`](GroupCommitFailed::is_refusal)), since its frames would follow the ones the
+//! failed sync may have left off the disk. An ERROR event says so once, and
+//! [`WriteStats::sync_errors`] and the `tower_sqlite_retry_write_sync_errors_total` counter
+//! count it (`ops/` has the alert). Why refuse rather than repair: a checkpoint that copies
+//! every frame into the database file and restarts the WAL would copy frames from the page
+//! cache that the disk never took, whose state is what the failed writeback left; SQLite
+//! cannot tell a page the kernel dropped from one it holds. PostgreSQL, in the same case,
+//! stops. What an operator does, as PostgreSQL asks after a failed fsync: check the disk
+//! (kernel log, SMART, free space), then restart the process, which opens the database afresh
+//! and lets SQLite recover the WAL from what is on the disk. Reads go on meanwhile.
 //!
 //! **A bound on commits waiting for one fsync.** At most 512 committed transactions wait
 //! unanswered for the shared fsync (those it runs for and those queued for the next): past

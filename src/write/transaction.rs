@@ -52,6 +52,7 @@ use crate::recorder::{self, WriteStage};
 
 use super::bound::{bound, within};
 use super::driver::Driver;
+use super::failed::GroupCommitFailed;
 use super::group::NORMAL;
 use super::pool::{Shared, WritePool};
 use super::session::Session;
@@ -154,6 +155,7 @@ impl<D: Driver> Transaction<D> {
                 *stage = WriteStage::Turn;
                 D::timed_out()
             })?;
+
         // Only now a connection: waiting writers hold none. A failure gives the turn back.
         let conn = match home.idle_writer(target) {
             Some(conn) => conn,
@@ -175,6 +177,13 @@ impl<D: Driver> Transaction<D> {
         D::start_rollback(session.conn_mut());
         if let Some(gate) = session.gate() {
             gate.reset();
+        }
+        // A file whose WAL failed to sync is written no more (`Queue::refuse`): asked in the
+        // turn, so that no transaction begins after a refusal it could have seen; after the
+        // rollback above, so that the connection is handed on as clean as by any writer (the
+        // transaction dropped here abandons its session by the one drop protocol).
+        if let Some(why) = session.turn().queue().refused() {
+            return Err(D::group_failed(GroupCommitFailed::refused(why.to_string())));
         }
         if let Some(syncs) = session.syncs().cloned() {
             // Group commit: `NORMAL` (the fsync shared) while others write, the pool's own
@@ -280,6 +289,7 @@ impl<D: Driver> Transaction<D> {
         if let Some(gate) = &gate {
             gate.open();
         }
+        let queue = Arc::clone(session.turn().queue());
         let committed = D::commit(session.conn_mut()).await;
         let closed = gate.as_ref().map(|gate| gate.close()).unwrap_or_default();
         if let Err(error) = &committed
@@ -327,14 +337,22 @@ impl<D: Driver> Transaction<D> {
                     // `BEGIN` before this task goes on with the handler.
                     YieldOnce(false).await;
                 }
-                match fsync {
-                    // Committed and fenced: not bounded by the deadline, as a `COMMIT` is not.
-                    Some(pending) => pending.durable().await.map_err(|failed| {
-                        *stage = WriteStage::Sync;
-                        D::group_failed(failed)
-                    }),
+                // Committed and fenced: not bounded by the deadline, as a `COMMIT` is not.
+                let durable = match fsync {
+                    Some(pending) => pending.durable().await,
                     None => Ok(()),
-                }
+                };
+                // NOTE: asked after the fsync (the shared one, or the `COMMIT`'s own): a sync of
+                // the file's WAL that failed before it returned, through any pool, may have left
+                // earlier frames off the disk, and this transaction's frames follow them.
+                let durable = durable.and_then(|()| match queue.refused() {
+                    Some(why) => Err(GroupCommitFailed::refused(why.to_string())),
+                    None => Ok(()),
+                });
+                durable.map_err(|failed| {
+                    *stage = WriteStage::Sync;
+                    D::group_failed(failed)
+                })
             }
             Err(error) => {
                 // Nothing was committed: no fence. The transaction may still be open (a

@@ -29,6 +29,15 @@ fn queues() -> std::sync::MutexGuard<'static, HashMap<Key, Weak<Queue>>> {
     QUEUES.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The database files this process refuses to write: a sync of the file's WAL failed, so
+/// frames in it that committed at `NORMAL` may never reach the disk, and every later commit,
+/// appended after them, would be lost with them on a power loss (recovery stops at the first
+/// frame that is not on the disk). Kept by canonical path for the process's life, whatever
+/// pools come and go (one fact per file); `ANY_REFUSED` lets a begin skip the lock while no
+/// file is refused.
+static REFUSED: LazyLock<Mutex<HashMap<PathBuf, Arc<str>>>> = LazyLock::new(Default::default);
+static ANY_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Which database a queue serializes.
 #[derive(Clone, PartialEq, Eq, Hash)]
 enum Key {
@@ -97,6 +106,29 @@ impl Queue {
     /// The file this queue serializes writers of (`None` for an in-memory database).
     pub(crate) fn path(&self) -> Option<&Path> {
         self.path.as_deref()
+    }
+
+    /// From now on, until the process ends, no write to this database's file is acknowledged:
+    /// a sync of its WAL failed (`why`). The first reason stays. (An in-memory database has no
+    /// WAL to fail: nothing to refuse.)
+    pub(crate) fn refuse(&self, why: &Arc<str>) {
+        if let Some(path) = &self.path {
+            let mut refused = REFUSED.lock().unwrap_or_else(|e| e.into_inner());
+            refused
+                .entry(path.clone())
+                .or_insert_with(|| Arc::clone(why));
+            ANY_REFUSED.store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    /// Why writes to this database's file are refused, if they are ([`refuse`](Self::refuse)).
+    pub(crate) fn refused(&self) -> Option<Arc<str>> {
+        if !ANY_REFUSED.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        let path = self.path.as_ref()?;
+        let refused = REFUSED.lock().unwrap_or_else(|e| e.into_inner());
+        refused.get(path).cloned()
     }
 
     /// What the queue counts.

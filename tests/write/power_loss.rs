@@ -675,6 +675,7 @@ fn fault_child() {
         match scenario.as_str() {
             "heard-elsewhere" => heard_elsewhere(&dir).await,
             "failed-fsync" => failed_fsync(&dir).await,
+            "failed-fsync-two-pools" => failed_fsync_two_pools(&dir).await,
             other => panic!("unknown scenario {other}"),
         }
     });
@@ -791,11 +792,68 @@ async fn failed_fsync(dir: &Path) {
         );
     }
 
-    let t3 = transaction(&writes, "t3").await;
-    println!("fault: t3 (begun after the failure): {t3:?}");
-    let t4 = transaction(&writes, "t4").await;
-    println!("fault: t4 (after t3): {t4:?}");
+    // Every later write to the file is refused: its frames would follow the ones the failed
+    // fsync left off the disk, and a power loss would take it with them.
+    for name in ["t3", "t4"] {
+        let later = transaction(&writes, name).await;
+        println!("fault: {name} (begun after the failure): {later:?}");
+        assert_refused(name, later);
+    }
     println!("fault: stats: {:?}", writes.stats());
+    assert_not_in_file(&pool, &["t3", "t4"]).await;
+}
+
+/// `later` was refused (the database's writes are, after its WAL failed to sync).
+fn assert_refused(name: &str, later: Result<(), String>) {
+    let error = later.expect_err(&format!("{name} acknowledged after the WAL failed to sync"));
+    assert!(
+        error.contains("write refused") && names_the_disk(&error),
+        "{name}: refused, saying why: {error}"
+    );
+}
+
+/// None of `names` is in the file.
+async fn assert_not_in_file(pool: &SqlitePool, names: &[&str]) {
+    for name in names {
+        let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM items WHERE name = ?")
+            .bind(name)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        assert_eq!(n, 0, "{name} was refused: nothing of it written");
+    }
+}
+
+/// Scenario b with two pools on the file (as the docs' `Store::new` pattern makes): the
+/// refusal is the file's, so the pool whose fsync never failed refuses too, for transactions
+/// begun after the failure and for one that began before it and commits after.
+async fn failed_fsync_two_pools(dir: &Path) {
+    let (pool, writes) = held_write_pool(dir).await;
+    let other_pool = SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(options(&dir.join(DB), SqliteSynchronous::Full))
+        .await
+        .unwrap();
+    let other = WritePool::new(other_pool.clone());
+    transaction(&other, "other-first")
+        .await
+        .expect("the second pool writes before the failure");
+    let t1 = commit_in_background(&writes, &pool, "t1").await;
+    assert!(!t1.is_finished(), "acknowledged before any fsync (held)");
+    shim_command(dir, &format!("fail-next-fsync:{DB}-wal"));
+    tower_sqlite_retry::__private::hold_fsync(&writes, false);
+    let t1 = t1.await.unwrap();
+    println!("fault: t1 (waited for the failed fsync): {t1:?}");
+    t1.expect_err("t1 acknowledged although the fsync it waited for failed");
+    for name in ["t3-other", "t4-other"] {
+        let later = transaction(&other, name).await;
+        println!("fault: {name} (the other pool, begun after the failure): {later:?}");
+        assert_refused(name, later);
+    }
+    let later = transaction(&writes, "t5").await;
+    println!("fault: t5 (the first pool again): {later:?}");
+    assert_refused("t5", later);
+    assert_not_in_file(&pool, &["t3-other", "t4-other", "t5"]).await;
 }
 
 fn fault_test(test: &str, scenario: &str) {
@@ -825,6 +883,15 @@ fn after_a_failed_fsync_later_commits_are_not_acknowledged_by_group_commit() {
     fault_test(
         "after_a_failed_fsync_later_commits_are_not_acknowledged_by_group_commit",
         "failed-fsync",
+    );
+}
+
+/// Scenario b, with two pools on the file (see `failed_fsync_two_pools`).
+#[test]
+fn after_a_failed_fsync_no_pool_on_the_file_acknowledges_a_write() {
+    fault_test(
+        "after_a_failed_fsync_no_pool_on_the_file_acknowledges_a_write",
+        "failed-fsync-two-pools",
     );
 }
 
