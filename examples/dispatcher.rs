@@ -1041,7 +1041,9 @@ async fn run(args: &Args) -> Result<bool, BoxError> {
             policy_field(&policy, "max_delay"),
             policy_field(&policy, "jitter")
         );
-        println!("                admit() before each try (contended claims take turns), reset() after each claim");
+        println!(
+            "                admit() before each try (contended claims take turns), reset() after each claim"
+        );
         println!(
             "  write path    WritePool::begin() (the turn, then BEGIN IMMEDIATE) in \
              Operation::run({name})"
