@@ -656,6 +656,14 @@ impl Driver for Model {
         // The fsync takes time: others commit meanwhile, and are not made durable by it.
         shuttle::future::yield_now().await;
         // One in eight fails (an I/O error): nothing made durable, the waiters told so.
+        // One in sixteen never runs to its end (its blocking task panicked, or the runtime
+        // shut down): its waiters are not told durable, but the disk refused nothing, so
+        // nothing is refused after it.
+        if thread_rng().gen_ratio(1, 16) {
+            return Err(wal::SyncError::NotRun(
+                "the model's fsync task was cancelled".into(),
+            ));
+        }
         if thread_rng().gen_ratio(1, 8) {
             db.failed.store(true, Ordering::SeqCst);
             return Err(wal::SyncError::Disk(std::io::Error::other(
@@ -730,6 +738,11 @@ impl Driver for Model {
 
     fn group_failed(failure: failed::GroupCommitFailed) -> ModelError {
         ModelError::Group(failure.to_string())
+    }
+
+    fn is_io_error(_: &ModelError) -> bool {
+        // The model's disk fails only in the shared fsync (`sync_wal`).
+        false
     }
 
     async fn guard_commits(

@@ -192,16 +192,15 @@ pub trait Driver: Send + Sync + Sized + 'static {
         async move {
             tokio::task::spawn_blocking(move || wal.sync())
                 .await
-                .unwrap_or_else(|joined| Err(SyncError::Disk(io::Error::other(joined))))
+                // A panic, or the runtime shutting down: not the disk's doing.
+                .unwrap_or_else(|joined| Err(SyncError::NotRun(joined.to_string())))
         }
     }
 
     /// Whether the error is SQLite's `SQLITE_IOERR` (any of its extended codes): the disk
-    /// refused a read or a write (an fsync of the WAL, in a `COMMIT` or a checkpoint).
-    fn is_io_error(error: &Self::Error) -> bool {
-        let _ = error;
-        false
-    }
+    /// refused a read or a write (an fsync of the WAL, in a `COMMIT` or a checkpoint). No
+    /// default: a driver that answered `false` by omission would skip a durability check.
+    fn is_io_error(error: &Self::Error) -> bool;
 
     /// The write path's one spawn site: runs `task` in the background, or drops it unpolled
     /// when no runtime can run it (none is current, or it is shutting down, which drops the

@@ -4,8 +4,6 @@
 use std::error::Error;
 use std::fmt;
 
-use crate::classify::Retryable;
-
 /// The error a write transaction's `commit()` fails with when group commit (the
 /// `WritePool`'s, on by default) shared the fsync and the WAL could not be made durable
 /// for it: the fsync it waited for failed, the WAL was no longer at its path, or an earlier
@@ -22,15 +20,13 @@ use crate::classify::Retryable;
 /// database is refused every write until the process restarts ([`is_refusal`](Self::is_refusal)).
 #[derive(Clone)]
 pub struct GroupCommitFailed {
-    retryable: Option<Retryable>,
     detail: String,
     refusal: bool,
 }
 
 impl GroupCommitFailed {
-    pub(crate) fn new(retryable: Option<Retryable>, detail: String) -> Self {
+    pub(crate) fn new(detail: String) -> Self {
         Self {
-            retryable,
             detail,
             refusal: false,
         }
@@ -40,7 +36,6 @@ impl GroupCommitFailed {
     /// which and why.
     pub(crate) fn refused(detail: String) -> Self {
         Self {
-            retryable: None,
             detail,
             refusal: true,
         }
@@ -51,11 +46,6 @@ impl GroupCommitFailed {
     /// the process restarts), rather than its own fsync failing.
     pub fn is_refusal(&self) -> bool {
         self.refusal
-    }
-
-    /// The marker of the error, if it was retryable (never, for a failed fsync).
-    pub fn retryable(&self) -> Option<&Retryable> {
-        self.retryable.as_ref()
     }
 }
 
@@ -81,7 +71,6 @@ impl fmt::Display for GroupCommitFailed {
 impl fmt::Debug for GroupCommitFailed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GroupCommitFailed")
-            .field("retryable", &self.retryable.as_ref().map(Retryable::name))
             .field("detail", &self.detail)
             .field("refusal", &self.refusal)
             .finish()

@@ -327,14 +327,20 @@ impl<D: Driver> Running<D> {
                 db.write.fsync_ok = synced.is_ok(),
                 "group commit: an fsync of the WAL ran for the transactions waiting"
             );
-            if let Err(error) = &synced {
-                syncs.stop(&format!("group {group}: {error}"));
+            match &synced {
+                Err(error) if error.is_the_disks() => {
+                    syncs.stop(&format!("group {group}: {error}"));
+                }
+                _ => {}
             }
             // NOTE: read after the fsync: a failure heard elsewhere meanwhile (the
             // checkpointer's, a `COMMIT`'s) fails this group too.
-            let told: Synced = match lock(&syncs.state).stopped.clone() {
-                Some(why) => Err(why),
-                None => Ok(()),
+            let told: Synced = match (lock(&syncs.state).stopped.clone(), &synced) {
+                (Some(why), _) => Err(why),
+                // Not run to its end: this group is not known durable; the next fsync, for
+                // the next group, may well be.
+                (None, Err(error)) => Err(Arc::from(format!("group {group}: {error}"))),
+                (None, Ok(())) => Ok(()),
             };
             for waiter in self.batch.drain(..) {
                 let _ = waiter.send(told.clone());
@@ -380,10 +386,10 @@ impl<D: Driver> Pending<D> {
                 Err(why) => why,
             },
         };
-        Err(GroupCommitFailed::new(
-            None,
-            format!("the WAL ({}): {why}", syncs.path.display()),
-        ))
+        Err(GroupCommitFailed::new(format!(
+            "the WAL ({}): {why}",
+            syncs.path.display()
+        )))
     }
 
     /// The sync task is gone: the descriptor synced here, unless group commit stopped.

@@ -51,6 +51,18 @@ pub enum SyncError {
     /// The file at the WAL's path is no longer the one the writer connection writes (gone,
     /// renamed, replaced).
     Moved(String),
+    /// The fsync did not run to its end: its blocking task panicked, or the runtime shut down
+    /// under it. Its waiters are not known durable, but the disk refused nothing: group commit
+    /// goes on, and the file is not refused.
+    NotRun(String),
+}
+
+impl SyncError {
+    /// Whether the disk (or the file system) refused the WAL: what stops group commit and
+    /// refuses the file's writes.
+    pub(super) fn is_the_disks(&self) -> bool {
+        !matches!(self, SyncError::NotRun(_))
+    }
 }
 
 impl std::fmt::Display for SyncError {
@@ -58,6 +70,9 @@ impl std::fmt::Display for SyncError {
         match self {
             SyncError::Disk(error) => write!(f, "the disk refused a write of the WAL: {error}"),
             SyncError::Moved(why) => write!(f, "the WAL is no longer at its path: {why}"),
+            SyncError::NotRun(why) => {
+                write!(f, "the fsync of the WAL did not run to its end: {why}")
+            }
         }
     }
 }
