@@ -205,27 +205,20 @@ impl<D: Driver> Running<D> {
             Err(error) => return self.failed(&error),
         };
         this.measure(frames, sequence, commits);
-        // The frames left in the WAL, and whether the step in the turn restarted it.
-        let mut left = frames;
-        let mut restarted = false;
-        let mut in_turn = false;
-        let mut turn_us = 0;
         // 2. In the turn: caught up and restarted. Even when the first step caught up: a
-        // writer in its transaction meanwhile appends after it.
-        if let Some(turn) = this.syncs.queue().take(None, None, || None).await {
-            in_turn = true;
-            let taken = Instant::now();
-            let restarted_now = D::checkpoint(&mut conn, true).await;
-            drop(turn);
-            turn_us = u64::try_from(taken.elapsed().as_micros()).unwrap_or(u64::MAX);
-            match restarted_now {
-                Ok((completed, frames, _)) => {
-                    restarted = completed;
-                    left = if completed { 0 } else { frames };
-                }
-                Err(error) => return self.failed(&error),
-            }
-        }
+        // writer in its transaction meanwhile appends after it. (The checkpointer's turn is
+        // no writer's: not counted waiting, nor as a transaction.)
+        let in_turn = true;
+        let turn = this.syncs.queue().take_for_checkpoint().await;
+        let taken = Instant::now();
+        let restarted_now = D::checkpoint(&mut conn, true).await;
+        drop(turn);
+        let turn_us = u64::try_from(taken.elapsed().as_micros()).unwrap_or(u64::MAX);
+        // The frames left in the WAL, and whether the step in the turn restarted it.
+        let (left, restarted) = match restarted_now {
+            Ok((completed, frames, _)) => (if completed { 0 } else { frames }, completed),
+            Err(error) => return self.failed(&error),
+        };
         *this.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn);
         this.left(left, this.syncs.wal_sequence());
         tracing::event!(target: "tower_sqlite_retry", tracing::Level::DEBUG,

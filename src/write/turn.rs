@@ -171,11 +171,30 @@ impl Queue {
         slow: Option<Duration>,
         until: impl FnOnce() -> Option<Instant>,
     ) -> Option<Turn> {
+        self.take_as(request, slow, until, true).await
+    }
+
+    /// The turn for the checkpointer, which is no writer: in line as any (FIFO, one holder),
+    /// but neither counted waiting (so that no writer changes level for it, nor the read
+    /// limit engages) nor counted a transaction, its time not in the writers' busy time.
+    pub(crate) async fn take_for_checkpoint(self: &Arc<Self>) -> Turn {
+        self.take_as(None, None, || None, false)
+            .await
+            .expect("a wait without a bound ends with the turn")
+    }
+
+    async fn take_as(
+        self: &Arc<Self>,
+        request: Option<Arc<RequestState>>,
+        slow: Option<Duration>,
+        until: impl FnOnce() -> Option<Instant>,
+        writer: bool,
+    ) -> Option<Turn> {
         let (permit, waited) = match self.turn.try_acquire() {
             Ok(permit) => (permit, Duration::ZERO),
             Err(TryAcquireError::NoPermits) => {
                 let started = std::time::Instant::now();
-                let _waiting = self.counts.waiting_for_turn();
+                let _waiting = writer.then(|| self.counts.waiting_for_turn());
                 let acquire = self.turn.acquire();
                 let acquired = match until() {
                     Some(until) => tokio::time::timeout_at(until, acquire).await.ok()?,
@@ -192,9 +211,12 @@ impl Queue {
         if let Some(request) = &request {
             request.turns().name(self.id());
         }
-        let taken = self
-            .counts
-            .taken(request.as_deref().map(RequestState::route), waited);
+        let taken = match writer {
+            true => self
+                .counts
+                .taken(request.as_deref().map(RequestState::route), waited),
+            false => std::time::Instant::now(),
+        };
         Some(Turn {
             queue: Arc::clone(self),
             named: request.is_some(),
@@ -202,6 +224,7 @@ impl Queue {
             taken,
             waited,
             slow,
+            writer,
         })
     }
 }
@@ -237,6 +260,8 @@ pub(crate) struct Turn {
     waited: Duration,
     /// Past which time held it is reported slow (`None`: never).
     slow: Option<Duration>,
+    /// A writer's turn (counted, reported), or the checkpointer's (neither).
+    writer: bool,
 }
 
 impl Turn {
@@ -267,6 +292,10 @@ impl Drop for Turn {
         // queue is never free with a holder named), and the counts are settled before the permit goes to the
         // next in line (who sets them again); the metrics and the WARN come after.
         self.release_request();
+        if !self.writer {
+            self.queue.turn.add_permits(1);
+            return;
+        }
         let held = self.queue.counts.given_back(self.taken);
         self.queue.turn.add_permits(1);
         let route = self.request.as_deref().map(RequestState::route);

@@ -134,3 +134,49 @@ async fn the_turn_is_held_by_one_at_a_time_and_never_lost() {
     }
     assert!(queue.is_free());
 }
+
+/// The checkpointer takes the turn in line, as a writer does, but is no writer: while it waits
+/// nobody counts it waiting (no writer changes level for it, the read limit does not engage),
+/// and its turn is not a transaction.
+#[tokio::test]
+async fn the_checkpointers_turn_is_not_a_writers() {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = Queue::of_file(&dir.path().join("checkpoint.db"));
+    let writer = queue.take(None, None, || None).await.expect("free");
+    let checkpointer = tokio::spawn({
+        let queue = Arc::clone(&queue);
+        async move { queue.take_for_checkpoint().await }
+    });
+    tokio::task::yield_now().await;
+    assert!(
+        !checkpointer.is_finished(),
+        "it waits in line behind the writer"
+    );
+    assert_eq!(queue.stats().waiting, 0, "not counted waiting");
+    assert!(!queue.counts().has_waiting());
+    drop(writer);
+    let turn = checkpointer.await.unwrap();
+    assert!(!queue.is_free(), "it holds the turn");
+    drop(turn);
+    assert!(queue.is_free());
+    assert_eq!(queue.stats().transactions, 1, "the writer's alone");
+}
+
+/// A file's refusal is the file's: every queue on it, now or later, sees it, and no other file.
+#[test]
+fn a_refusal_belongs_to_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("refused.db");
+    let first = Queue::of_file(&file);
+    assert!(first.refused().is_none());
+    first.refuse(&Arc::from("the disk refused"));
+    first.refuse(&Arc::from("a second reason is not kept"));
+    drop(first);
+    let later = Queue::of_file(&file);
+    assert_eq!(later.refused().as_deref(), Some("the disk refused"));
+    assert!(
+        Queue::of_file(&dir.path().join("other.db"))
+            .refused()
+            .is_none()
+    );
+}
