@@ -616,8 +616,9 @@ async fn control_normal_loses_acknowledged_writes() {
 // Fault injection: the child runs a scenario under the shim and fails (non-zero) if it fails
 // ---------------------------------------------------------------------------------------------
 
-/// Runs `scenario` in a child under the shim; `Err` with its output if it failed.
-fn run_fault_child(scenario: &str, shim: &Path) -> Result<String, String> {
+/// Runs `scenario` in a child under the shim; `Err` with its output if it failed. Its disk,
+/// for the power loss that follows.
+fn run_fault_child(scenario: &str, shim: &Path) -> Result<(String, Disk), String> {
     let disk = Disk::new();
     let out_path = disk.durable.parent().unwrap().join("child.out");
     let out = std::fs::File::create(&out_path).unwrap();
@@ -645,7 +646,7 @@ fn run_fault_child(scenario: &str, shim: &Path) -> Result<String, String> {
         Some(status) if status.success() => {
             // exit 0 is also a child whose filter matched no test: it must say it ran one
             common::ChildRan::output(&output).assert_passed(FAULT_CHILD);
-            Ok(output)
+            Ok((output, disk))
         }
         Some(status) => Err(format!("the child exited {status}:\n{output}")),
         None => Err(format!("the child did not finish within 120 s:\n{output}")),
@@ -697,6 +698,7 @@ async fn held_write_pool(dir: &Path) -> (SqlitePool, WritePool) {
     transaction(&writes, "first")
         .await
         .expect("the first write transaction");
+    println!("fault: acked first");
     assert!(
         tower_sqlite_retry::__private::hold_fsync(&writes, true),
         "the write path shares the WAL's fsync (WAL, FULL, group commit on)"
@@ -838,6 +840,7 @@ async fn failed_fsync_two_pools(dir: &Path) {
     transaction(&other, "other-first")
         .await
         .expect("the second pool writes before the failure");
+    println!("fault: acked other-first");
     let t1 = commit_in_background(&writes, &pool, "t1").await;
     assert!(!t1.is_finished(), "acknowledged before any fsync (held)");
     shim_command(dir, &format!("fail-next-fsync:{DB}-wal"));
@@ -858,14 +861,53 @@ async fn failed_fsync_two_pools(dir: &Path) {
 
 fn fault_test(test: &str, scenario: &str) {
     let Some(shim) = shim(test) else { return };
-    match run_fault_child(scenario, shim) {
-        Ok(output) => {
-            for line in output.lines().filter(|l| l.starts_with("fault:")) {
-                eprintln!("{test}: {line}");
-            }
-        }
+    let (output, disk) = match run_fault_child(scenario, shim) {
+        Ok(done) => done,
         Err(why) => panic!("{test}: {why}"),
+    };
+    for line in output.lines().filter(|l| l.starts_with("fault:")) {
+        eprintln!("{test}: {line}");
     }
+    // Then the power goes: every write the child was told was acknowledged survives it (a
+    // write acknowledged after the failure, were there one, would be lost with the frames
+    // the failed fsync left off the disk).
+    let acked: Vec<&str> = output
+        .lines()
+        // (the first line the child prints follows the harness' `test ... ` on its line)
+        .filter_map(|l| l.split_once("fault: acked ").map(|(_, name)| name.trim()))
+        .collect();
+    assert!(
+        !acked.is_empty(),
+        "{test}: the child acknowledged a write before the fault"
+    );
+    let shadowed = disk.power_loss();
+    let names = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(names_in(&disk.db()));
+    eprintln!("{test}: after the power loss ({shadowed:?}): {names:?}");
+    for name in acked {
+        assert!(
+            names.contains(name),
+            "{test}: {name}, acknowledged, lost in the power loss after the fault: {names:?}"
+        );
+    }
+}
+
+/// The `name` of every row of the fault scenarios' `items` table.
+async fn names_in(path: &Path) -> BTreeSet<String> {
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options(path, SqliteSynchronous::Full))
+        .await
+        .unwrap();
+    let names: Vec<String> = sqlx::query_scalar("SELECT name FROM items")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    names.into_iter().collect()
 }
 
 /// Scenario a (see `heard_elsewhere`).
