@@ -250,17 +250,17 @@ async fn the_turn_is_shared_with_the_main_crates_queue() {
         let writes = writes.clone();
         async move { append(&writes, "after the other turn").await }
     });
-    tokio::task::yield_now().await;
-    assert!(
-        tokio::time::timeout(Duration::from_millis(200), async {
-            while !waiting.is_finished() {
-                tokio::task::yield_now().await;
-            }
-        })
-        .await
-        .is_err(),
-        "the begin waited for the held turn"
-    );
+    // The begin waits for the held turn: counted waiting in the shared queue (a condition
+    // polled), and not finished while the turn is held.
+    let start = std::time::Instant::now();
+    while queue.stats().waiting == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the begin never waited"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(!waiting.is_finished(), "the begin waited for the held turn");
     drop(held);
     assert_eq!(waiting.await.unwrap().unwrap(), 1);
 }
@@ -383,7 +383,21 @@ async fn a_begin_cancelled_while_it_waits_for_the_lock_leaves_no_transaction_beh
             let writes = writes.clone();
             async move { writes.begin().await.map(drop) }
         });
+        // It waits in its `BEGIN IMMEDIATE`: it holds the turn (the lock is the other's); then
+        // cancelled `wait` ms into that wait.
+        let start = std::time::Instant::now();
+        while !writes.stats().is_some_and(|s| s.held) {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "round {round}: no turn"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         tokio::time::sleep(Duration::from_millis(wait)).await;
+        assert!(
+            !waiting.is_finished(),
+            "round {round}: the BEGIN still waits"
+        );
         waiting.abort();
         assert!(waiting.await.unwrap_err().is_cancelled(), "round {round}");
         held.rollback().await.unwrap();

@@ -807,7 +807,18 @@ async fn a_begin_cancelled_while_it_waits_for_the_lock_leaves_no_transaction_beh
             let writes = writes.clone();
             async move { writes.begin().await.map(drop) }
         });
+        // It waits in its `BEGIN IMMEDIATE`: it holds the turn (the lock is the other's, so the
+        // `BEGIN` cannot end); then cancelled `wait` ms into that wait.
+        common::poll_until(
+            format!("round {round}: the begin holds the turn"),
+            async || writes.stats().is_some_and(|s| s.held),
+        )
+        .await;
         tokio::time::sleep(Duration::from_millis(wait)).await;
+        assert!(
+            !waiting.is_finished(),
+            "round {round}: the BEGIN still waits"
+        );
         waiting.abort();
         assert!(
             waiting.await.unwrap_err().is_cancelled(),

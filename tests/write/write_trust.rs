@@ -91,6 +91,43 @@ async fn assert_file_writable(db: &TestDb, options: SqliteConnectOptions) {
     sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
 }
 
+/// A connection that tells when a `COMMIT` on its file waits for a reader (rollback-journal
+/// mode): the committing connection then holds the `PENDING` lock, and a new read here (busy
+/// timeout 0) is refused `SQLITE_BUSY`, which it is not before (the writer holds `RESERVED`
+/// until its `COMMIT`). A condition polled, not a time guessed. Opened before the writer's
+/// transaction (opening one runs statements of its own).
+struct CommitProbe(SqliteConnection);
+
+impl CommitProbe {
+    async fn open(options: &SqliteConnectOptions) -> Self {
+        let options = options.clone().busy_timeout(Duration::ZERO);
+        Self(
+            SqliteConnection::connect_with(&options)
+                .await
+                .expect("the probe"),
+        )
+    }
+
+    /// Returns once a `COMMIT` waits for a reader.
+    async fn commit_waits(&mut self) {
+        let start = std::time::Instant::now();
+        loop {
+            // (read to its end: a statement left unfinished would hold a read lock itself)
+            let read: Result<Vec<i64>, _> = sqlx::query_scalar("SELECT COUNT(*) FROM items")
+                .fetch_all(&mut self.0)
+                .await;
+            if read.is_err() {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no COMMIT waited for the reader in 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
 /// A reader's open read transaction (rollback-journal mode): a writer's `COMMIT` waits in its
 /// busy handler until [`release`](Reader::release).
 struct Reader(SqliteConnection);
@@ -131,11 +168,19 @@ async fn a_cancelled_commit_hands_on_a_clean_connection() {
             WriterConnection::FromPool
         });
 
+        let mut probe = CommitProbe::open(&options).await;
         let reader = Reader::hold(&options).await;
         let mut tx = writes.begin().await.unwrap();
         insert(&mut tx, 1, "cancelled commit").await.unwrap();
-        let cancelled = tokio::time::timeout(Duration::from_millis(300), tx.commit()).await;
-        assert!(cancelled.is_err(), "the COMMIT waits for the reader");
+        // (boxed: dropping it below cancels it; a stack pin would only stop polling it)
+        let mut commit = Box::pin(tx.commit());
+        let answered = tokio::select! {
+            answered = &mut commit => Some(answered),
+            () = probe.commit_waits() => None,
+        };
+        assert!(answered.is_none(), "the COMMIT waits for the reader");
+        drop(commit); // cancelled while its COMMIT waits
+        drop(probe);
         reader.release().await; // the COMMIT now goes through, unacknowledged
 
         let mut tx = writes.begin().await.unwrap();
@@ -174,15 +219,18 @@ async fn a_cancelled_commit_fences_the_request() {
         db: WritePool,
         calls: Arc<AtomicU32>,
         cancelled: mpsc::UnboundedSender<()>,
+        options: SqliteConnectOptions,
     }
     async fn handler(State(s): State<S>) -> Result<StatusCode, DbError> {
         let n = s.calls.fetch_add(1, Ordering::SeqCst);
+        let mut probe = CommitProbe::open(&s.options).await;
         let mut tx = s.db.begin().await?;
         insert(&mut tx, i64::from(n) + 1, "once").await?;
-        if tokio::time::timeout(Duration::from_millis(300), tx.commit())
-            .await
-            .is_err()
-        {
+        let answered = tokio::select! {
+            answered = tx.commit() => Some(answered),
+            () = probe.commit_waits() => None,
+        };
+        if answered.is_none() {
             s.cancelled.send(()).unwrap();
             return Err(sqlx::Error::PoolTimedOut.into());
         }
@@ -195,6 +243,7 @@ async fn a_cancelled_commit_fences_the_request() {
         db: WritePool::new(pool_of(options.clone(), 2).await),
         calls: Arc::default(),
         cancelled,
+        options: options.clone(),
     };
     let app = Router::new()
         .route("/", post(handler))
