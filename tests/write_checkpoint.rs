@@ -254,3 +254,68 @@ async fn at_normal_the_writer_connection_checkpoints_as_sqlite_does() {
         writes.close().await;
     }
 }
+
+/// `close()` answers every commit that went through before it closes anything (the shared
+/// fsync a commit waits for runs, instead of finding the WAL gone once the last connection
+/// closed and removed it), and it closes the checkpointer's connection too: afterwards no
+/// connection of the pool is open on the file, and SQLite removed the WAL.
+#[tokio::test]
+async fn close_answers_waiting_commits_and_leaves_no_connection_open() {
+    let db = TestDb::new();
+    let writes = write_pool(
+        db.options(Duration::from_secs(5))
+            .synchronous(SqliteSynchronous::Full),
+    )
+    .await;
+    let (events, _guard) = capture_events();
+    // Checkpoints ran in the background: the checkpointer has a connection of its own.
+    concurrent_commits(&writes, 8, 150).await;
+    poll_until("a checkpoint ran in the background", async || {
+        !events.with_message(EVENT).is_empty()
+    })
+    .await;
+    // A commit waits for the shared fsync (held), and the pool is closed meanwhile.
+    assert!(tower_sqlite_retry::__private::hold_fsync(&writes, true));
+    let committing = tokio::spawn({
+        let writes = writes.clone();
+        async move {
+            let mut tx = writes.begin().await.unwrap();
+            sqlx::query("INSERT INTO items (name) VALUES ('last')")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tx.commit().await
+        }
+    });
+    poll_until("the last commit waits for its fsync", async || {
+        writes
+            .stats()
+            .is_some_and(|s| !s.held && s.transactions > 1_200)
+    })
+    .await;
+    let closing = tokio::spawn({
+        let writes = writes.clone();
+        async move { writes.close().await }
+    });
+    // Close must not return while the commit waits: watched for a while (it never may, so
+    // this cannot fail a correct close; a close that does not wait returns within it here).
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        assert!(
+            !closing.is_finished(),
+            "close returned while a commit waited for its fsync"
+        );
+    }
+    tower_sqlite_retry::__private::hold_fsync(&writes, false);
+    committing
+        .await
+        .unwrap()
+        .expect("the commit went through and its fsync ran: Ok, not a WAL gone");
+    closing.await.unwrap();
+    let mut wal = db.path.clone().into_os_string();
+    wal.push("-wal");
+    assert!(
+        !std::path::Path::new(&wal).exists(),
+        "the last connection closed checkpointed and removed the WAL: none is left open"
+    );
+}

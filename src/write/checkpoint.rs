@@ -97,6 +97,10 @@ pub(super) struct Checkpoints<D: Driver> {
     per_commit: AtomicU64,
     /// A checkpoint runs.
     running: AtomicBool,
+    /// The pool closed: no checkpoint starts any more.
+    closed: AtomicBool,
+    /// Told when a checkpoint ends (for [`close`](Checkpoints::close)).
+    idle: tokio::sync::Notify,
     /// The WAL as the last checkpoint left it: its frames, and its header's checkpoint
     /// sequence number (`None`: not read). Only the running checkpoint touches it.
     last: Mutex<(u64, Option<u32>)>,
@@ -124,6 +128,8 @@ impl<D: Driver> Checkpoints<D> {
             commits: AtomicU64::new(0),
             per_commit: AtomicU64::new(FIRST_GUESS * SIXTEENTHS),
             running: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            idle: tokio::sync::Notify::new(),
             last: Mutex::new((0, None)),
         })))
     }
@@ -143,6 +149,9 @@ impl<D: Driver> Checkpoints<D> {
     /// A transaction that shared the fsync committed on the writer connection: starts a
     /// checkpoint when the commits since the last one wrote about a threshold's worth.
     pub(super) fn committed(self: &Arc<Self>) {
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
         let commits = self.commits.fetch_add(1, Ordering::Relaxed) + 1;
         let sixteenths = commits.saturating_mul(self.per_commit.load(Ordering::Relaxed));
         if sixteenths < u64::from(self.threshold) * SIXTEENTHS
@@ -155,6 +164,26 @@ impl<D: Driver> Checkpoints<D> {
         // `running` when it is dropped.
         let run = Running(Arc::clone(self));
         D::spawn(run.checkpoint(commits));
+    }
+
+    /// The pool closes: no checkpoint starts from now on, the one running (if any) ends, and
+    /// the checkpointer's connection is closed, so that none of the pool's connections is left
+    /// open on the file (the last one to close checkpoints the WAL and removes it).
+    pub(super) async fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        loop {
+            let ended = self.idle.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if !self.running.load(Ordering::Acquire) {
+                break;
+            }
+            ended.await;
+        }
+        let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(conn) = conn {
+            D::close(conn).await;
+        }
     }
 
     /// The frames one commit wrote: those appended since the last checkpoint (all of them if
@@ -257,5 +286,6 @@ impl<D: Driver> Running<D> {
 impl<D: Driver> Drop for Running<D> {
     fn drop(&mut self) {
         self.0.running.store(false, Ordering::Release);
+        self.0.idle.notify_waiters();
     }
 }

@@ -65,6 +65,8 @@ pub(super) struct Syncs<D: Driver> {
     /// [`level_for`](Self::level_for)).
     now: AtomicU8,
     state: Mutex<State>,
+    /// Told when the sync task ends (for [`drained`](Syncs::drained)).
+    idle: tokio::sync::Notify,
     _driver: std::marker::PhantomData<fn() -> D>,
 }
 
@@ -122,6 +124,7 @@ impl<D: Driver> Syncs<D> {
             level,
             now: AtomicU8::new(level),
             state: Mutex::default(),
+            idle: tokio::sync::Notify::new(),
             _driver: std::marker::PhantomData,
         })
     }
@@ -251,6 +254,25 @@ impl<D: Driver> Syncs<D> {
         stopped
     }
 
+    /// Once no committed transaction waits for an fsync and none runs: what `close` waits for,
+    /// so that every commit that went through is answered truthfully before the pool's
+    /// connections close (the last to close removes the WAL, which an fsync still to run would
+    /// then find gone). (While the test seam holds the fsync, until it lets go.)
+    pub(super) async fn drained(&self) {
+        loop {
+            let ended = self.idle.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            {
+                let state = lock(&self.state);
+                if !state.running && state.waiting.is_empty() {
+                    return;
+                }
+            }
+            ended.await;
+        }
+    }
+
     /// Starts the task that runs fsyncs until nobody waits (the caller set `running`).
     fn start(self: &Arc<Self>) {
         // NOTE: the guard exists before the task: a task dropped before its first poll (the
@@ -276,6 +298,7 @@ impl<D: Driver> Syncs<D> {
         if start {
             self.start();
         }
+        self.idle.notify_waiters();
     }
 }
 
@@ -304,6 +327,8 @@ impl<D: Driver> Running<D> {
                     state.running = false;
                     state.in_flight = 0;
                     self.done = true;
+                    drop(state);
+                    syncs.idle.notify_waiters();
                     return;
                 }
                 self.batch = std::mem::take(&mut state.waiting);
@@ -363,6 +388,7 @@ impl<D: Driver> Drop for Running<D> {
         // The senders dropped: their transactions are told the fsync never ran.
         drop(waiting);
         self.batch.clear();
+        self.syncs.idle.notify_waiters();
     }
 }
 

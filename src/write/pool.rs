@@ -158,8 +158,18 @@ impl<D: Driver> WritePool<D> {
         self.shared.target.get()?.queue.path()
     }
 
-    /// Closes the pool, then the writer connection.
+    /// Closes the pool: first every commit that went through is answered (the shared fsync
+    /// it waits for runs), and the checkpointer's connection closes; then the pool, then the
+    /// writer connection.
     pub async fn close(&self) {
+        if let Some(target) = self.shared.target.get() {
+            if let Some(syncs) = &target.syncs {
+                syncs.drained().await;
+            }
+            if let Some(checkpoints) = &target.checkpoints {
+                checkpoints.close().await;
+            }
+        }
         D::close_pool(&self.shared.pool).await;
         if let Some(opener) = &self.shared.opener {
             D::close_pool(opener).await;
