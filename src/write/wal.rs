@@ -109,14 +109,16 @@ impl Wal {
     }
 
     /// fsyncs the WAL (its data, and the size that reads need), once the file at its path is
-    /// known to be this one; the directory too, the first time. Blocking.
+    /// known to be this one; the directory too, the first time. Blocking. The identity is
+    /// checked again after the fsync: a file replaced at the path while it ran is not the one
+    /// recovery reads, whatever the fsync made durable.
     pub(crate) fn sync(&self) -> Result<(), SyncError> {
         check(self.identity, os::at_path(&self.path))?;
         self.file.sync_data().map_err(SyncError::Disk)?;
         if !self.dir_synced.swap(true, Ordering::AcqRel) {
             os::sync_directory(&self.path);
         }
-        Ok(())
+        check(self.identity, os::at_path(&self.path))
     }
 }
 
