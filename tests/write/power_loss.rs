@@ -610,6 +610,14 @@ async fn control_normal_loses_acknowledged_writes() {
         "the simulated power loss lost no acknowledged write at synchronous = NORMAL: the shim \
          does not drop unsynced writes"
     );
+    // ... and lost them because the shim dropped what was not synced, not because it tracked
+    // nothing: the WAL the child made has a durable image (what of it was synced: its
+    // creation), which a shim not loaded never keeps (the power loss would then take the WAL
+    // whole, synced or not).
+    assert!(
+        shadowed.contains(&format!("{DB}-wal")),
+        "the shim kept no durable image of the WAL: is it loaded? {shadowed:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
