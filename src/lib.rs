@@ -135,6 +135,29 @@
 //! [README]: https://github.com/tower-sqlite-retry/tower-sqlite-retry#readme
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+/// A `tracing` event of target `tower_sqlite_retry` at a level known only at run time (a
+/// policy's `replay_event_level`): `tracing::event!` needs a constant level, so each level is
+/// its own callsite. Used by the layer's and the operations' retry events.
+macro_rules! event_at_level {
+    ($level:expr, $($event:tt)+) => {
+        match $level {
+            l if l == ::tracing::Level::TRACE => {
+                ::tracing::event!(target: "tower_sqlite_retry", ::tracing::Level::TRACE, $($event)+)
+            }
+            l if l == ::tracing::Level::DEBUG => {
+                ::tracing::event!(target: "tower_sqlite_retry", ::tracing::Level::DEBUG, $($event)+)
+            }
+            l if l == ::tracing::Level::INFO => {
+                ::tracing::event!(target: "tower_sqlite_retry", ::tracing::Level::INFO, $($event)+)
+            }
+            l if l == ::tracing::Level::WARN => {
+                ::tracing::event!(target: "tower_sqlite_retry", ::tracing::Level::WARN, $($event)+)
+            }
+            _ => ::tracing::event!(target: "tower_sqlite_retry", ::tracing::Level::ERROR, $($event)+),
+        }
+    };
+}
+
 mod admission;
 mod attempt;
 pub mod body;

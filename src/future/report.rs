@@ -94,28 +94,16 @@ where
         let reason = self.reason();
         let elapsed_ms = self.elapsed().as_millis() as u64;
         let delay_ms = delay.as_secs_f64() * 1000.0;
-        macro_rules! replay_event {
-            ($level:expr) => {
-                tracing::event!(target: "tower_sqlite_retry", $level,
-                    retry.attempt = attempt,
-                    retry.delay_ms = delay_ms,
-                    retry.elapsed_ms = elapsed_ms,
-                    db.response.status_code = reason.map(Retryable::code),
-                    error.type = reason.map(Retryable::name),
-                    http.request.method = %self.request.route().method,
-                    http.route = self.request.route().path(),
-                    "retrying request"
-                )
-            };
-        }
-        use tracing::Level;
-        match self.shared.policy.replay_event_level {
-            l if l == Level::TRACE => replay_event!(Level::TRACE),
-            l if l == Level::DEBUG => replay_event!(Level::DEBUG),
-            l if l == Level::INFO => replay_event!(Level::INFO),
-            l if l == Level::WARN => replay_event!(Level::WARN),
-            _ => replay_event!(Level::ERROR),
-        }
+        event_at_level!(self.shared.policy.replay_event_level,
+            retry.attempt = attempt,
+            retry.delay_ms = delay_ms,
+            retry.elapsed_ms = elapsed_ms,
+            db.response.status_code = reason.map(Retryable::code),
+            error.type = reason.map(Retryable::name),
+            http.request.method = %self.request.route().method,
+            http.route = self.request.route().path(),
+            "retrying request"
+        );
     }
 
     pub(super) fn gave_up_event(&self, outcome: Outcome, attempts: u32) {

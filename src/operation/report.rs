@@ -34,26 +34,15 @@ pub(super) fn retrying(
 ) {
     let delay_ms = delay.as_secs_f64() * 1000.0;
     let elapsed_ms = elapsed.as_millis() as u64;
-    macro_rules! retry_event {
-        ($level:expr) => {
-            tracing::event!(target: "tower_sqlite_retry", $level,
-                retry.attempt = attempt,
-                retry.delay_ms = delay_ms,
-                retry.elapsed_ms = elapsed_ms,
-                db.response.status_code = reason.map(Retryable::code),
-                error.type = reason.map(Retryable::name),
-                retry.operation = operation,
-                "retrying operation"
-            )
-        };
-    }
-    match level {
-        l if l == Level::TRACE => retry_event!(Level::TRACE),
-        l if l == Level::DEBUG => retry_event!(Level::DEBUG),
-        l if l == Level::INFO => retry_event!(Level::INFO),
-        l if l == Level::WARN => retry_event!(Level::WARN),
-        _ => retry_event!(Level::ERROR),
-    }
+    event_at_level!(level,
+        retry.attempt = attempt,
+        retry.delay_ms = delay_ms,
+        retry.elapsed_ms = elapsed_ms,
+        db.response.status_code = reason.map(Retryable::code),
+        error.type = reason.map(Retryable::name),
+        retry.operation = operation,
+        "retrying operation"
+    );
     recorder::operation_retry(operation, reason.map_or("", Retryable::name));
 }
 
