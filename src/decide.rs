@@ -91,6 +91,16 @@ pub(crate) fn invites_retry(outcome: Outcome) -> bool {
 }
 
 /// Whether an outcome is the layer giving up on a retryable failure (logged at WARN or ERROR).
+/// How a give-up is told (the layer's requests and the operations' calls alike): ERROR
+/// `retries exhausted` when the attempts or the deadline ran out, WARN `not retried` for the
+/// rest (the budget, the fence, a body that could not be kept).
+pub(crate) fn give_up_event(outcome: Outcome) -> (tracing::Level, &'static str) {
+    match outcome {
+        Outcome::Exhausted | Outcome::Deadline => (tracing::Level::ERROR, "retries exhausted"),
+        _ => (tracing::Level::WARN, "not retried"),
+    }
+}
+
 pub(crate) fn gave_up(outcome: Outcome) -> bool {
     matches!(
         outcome,

@@ -13,7 +13,7 @@ use super::Core;
 use crate::attempt::{Outcome, RequestState};
 use crate::body::{NotReplayable, ReplayBody};
 use crate::classify::Retryable;
-use crate::decide::gave_up;
+use crate::decide::{gave_up, give_up_event};
 use crate::recorder;
 use crate::shared::Shared;
 
@@ -110,27 +110,18 @@ where
         let reason = self.reason();
         let not_replayable = self.not_replayable().map(NotReplayable::as_str);
         let elapsed_ms = self.elapsed().as_millis() as u64;
-        macro_rules! stop_event {
-            ($level:expr, $message:literal) => {
-                tracing::event!(target: "tower_sqlite_retry", $level,
-                    retry.attempts = attempts,
-                    retry.elapsed_ms = elapsed_ms,
-                    retry.outcome = outcome.as_str(),
-                    retry.not_replayable = not_replayable,
-                    db.response.status_code = reason.map(Retryable::code),
-                    error.type = reason.map(Retryable::name),
-                    http.request.method = %self.request.route().method,
-                    http.route = self.request.route().path(),
-                    $message
-                )
-            };
-        }
-        match outcome {
-            Outcome::Exhausted | Outcome::Deadline => {
-                stop_event!(tracing::Level::ERROR, "retries exhausted")
-            }
-            _ => stop_event!(tracing::Level::WARN, "not retried"),
-        }
+        let (level, message) = give_up_event(outcome);
+        event_at_level!(level,
+            retry.attempts = attempts,
+            retry.elapsed_ms = elapsed_ms,
+            retry.outcome = outcome.as_str(),
+            retry.not_replayable = not_replayable,
+            db.response.status_code = reason.map(Retryable::code),
+            error.type = reason.map(Retryable::name),
+            http.request.method = %self.request.route().method,
+            http.route = self.request.route().path(),
+            "{message}"
+        );
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tracing::Level;
 
 use crate::classify::Retryable;
-use crate::decide::gave_up;
+use crate::decide::{gave_up, give_up_event};
 use crate::metrics::Outcome;
 use crate::recorder;
 
@@ -58,28 +58,18 @@ pub(super) fn finished(operation: &str, end: &End<'_>) {
     } = *end;
     if gave_up(outcome) {
         let elapsed_ms = elapsed.as_millis() as u64;
-        macro_rules! stop_event {
-            ($level:expr, $message:literal) => {
-                tracing::event!(target: "tower_sqlite_retry", $level,
-                    retry.attempts = attempts,
-                    retry.elapsed_ms = elapsed_ms,
-                    retry.outcome = outcome.as_str(),
-                    db.response.status_code = reason.map(Retryable::code),
-                    error.type = reason.map(Retryable::name),
-                    retry.operation = operation,
-                    $message
-                )
-            };
-        }
-        match outcome {
-            Outcome::Exhausted | Outcome::Deadline if !in_loop => {
-                stop_event!(Level::ERROR, "retries exhausted")
-            }
-            Outcome::Exhausted | Outcome::Deadline => {
-                stop_event!(Level::WARN, "retries exhausted")
-            }
-            _ => stop_event!(Level::WARN, "not retried"),
-        }
+        // A loop's streak gives up at WARN whatever ran out: the loop goes on.
+        let (level, message) = give_up_event(outcome);
+        let level = if in_loop { Level::WARN } else { level };
+        event_at_level!(level,
+            retry.attempts = attempts,
+            retry.elapsed_ms = elapsed_ms,
+            retry.outcome = outcome.as_str(),
+            db.response.status_code = reason.map(Retryable::code),
+            error.type = reason.map(Retryable::name),
+            retry.operation = operation,
+            "{message}"
+        );
     }
     recorder::operation_finished(recorder::OperationFinished {
         operation,
