@@ -201,6 +201,12 @@ pub mod __private {
     pub fn hold_fsync(pool: &crate::WritePool, held: bool) -> bool {
         pool.hold_fsync(held)
     }
+
+    /// How many writer connections group commit saw opened (0 where it shares no fsync).
+    #[cfg(feature = "sqlite-write")]
+    pub fn writer_connections_opened(pool: &crate::WritePool) -> u64 {
+        pool.writer_connections_opened()
+    }
 }
 
 // The README's Rust blocks run as doctests (they are axum handlers on sqlx 0.9: with the

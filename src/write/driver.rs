@@ -147,6 +147,15 @@ pub trait Driver: Send + Sync + Sized + 'static {
         let _ = (conn, gate);
         async { Ok(false) }
     }
+    /// Removes whatever commit hook the connection has (the gate, or a handler's own set
+    /// through `lock_handle()`): a connection of the pool's goes back to it with none, as it
+    /// came (`gate.rs`). A no-op where the driver has no commit hook (sqlx 0.8).
+    fn unguard_commits(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        let _ = conn;
+        async { Ok(()) }
+    }
     /// `TransactionManager::commit`.
     fn commit(
         conn: &mut Self::Connection,

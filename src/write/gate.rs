@@ -19,6 +19,14 @@
 //! replaced), after a failed `COMMIT`, and after a rollback. A commit that succeeds with the
 //! gate asked, the common path, costs nothing more. A handler's hook thus lasts at most until
 //! its own transaction ends.
+//!
+//! On one of the pool's connections (`WriterConnection::FromPool`, an in-memory database) the
+//! gate is set after `BEGIN IMMEDIATE` and removed when the transaction ends, by every way out,
+//! the drop protocol's included: the connection goes back to the pool with no commit hook, as
+//! it came, so that neither the gate (which would refuse the pool's own autocommit writes) nor
+//! a hook the handler set (a veto, which would roll back every later commit on it) outlives
+//! the transaction. That costs two round trips to the connection's worker per transaction, in
+//! those modes only.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

@@ -42,7 +42,7 @@
 //! when the load does.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -67,6 +67,8 @@ pub(super) struct Syncs<D: Driver> {
     state: Mutex<State>,
     /// Told when the sync task ends (for [`drained`](Syncs::drained)).
     idle: tokio::sync::Notify,
+    /// Writer connections attached (the test seam `writer_connections_opened`).
+    attached: AtomicU64,
     _driver: std::marker::PhantomData<fn() -> D>,
 }
 
@@ -125,15 +127,25 @@ impl<D: Driver> Syncs<D> {
             now: AtomicU8::new(level),
             state: Mutex::default(),
             idle: tokio::sync::Notify::new(),
+            attached: AtomicU64::new(0),
             _driver: std::marker::PhantomData,
         })
     }
 
-    /// A writer connection was opened (at the pool's level): the WAL's descriptor is opened
-    /// with it, read-write, and kept until the next one opens (`wal.rs`). Call it once the
-    /// connection has read the database (SQLite opened the WAL).
+    /// A writer connection was opened (at the pool's level): the WAL's descriptor, opened
+    /// read-write with the first one, is kept for as long as the file at the WAL's path is
+    /// the one it has open (`wal.rs`), through any number of writer connections: a descriptor
+    /// opened later would not hear a writeback error the kept one has yet to report. Only
+    /// once the WAL at the path is another file (SQLite deleted it when its last connection
+    /// closed, and made it again) is it opened afresh. Call it once the connection has read
+    /// the database (SQLite opened the WAL).
     pub(super) fn attach(&self) {
+        self.attached.fetch_add(1, Ordering::Relaxed);
         self.now.store(self.level, Ordering::Release);
+        let kept = lock(&self.state).wal.clone();
+        if kept.is_some_and(|wal| wal.is_at_path()) {
+            return;
+        }
         let opened = D::open_wal(&self.path);
         let mut state = lock(&self.state);
         match opened {
@@ -289,6 +301,11 @@ impl<D: Driver> Syncs<D> {
 
     /// Test seam: while `held`, no fsync starts, and every transaction shares it (commits at
     /// `NORMAL`, and waits).
+    /// How many writer connections were attached (the test seam).
+    pub(super) fn attached(&self) -> u64 {
+        self.attached.load(Ordering::Relaxed)
+    }
+
     pub(super) fn hold(self: &Arc<Self>, held: bool) {
         let start = {
             let mut state = lock(&self.state);
@@ -401,13 +418,14 @@ pub(super) struct Pending<D: Driver> {
 impl<D: Driver> Pending<D> {
     /// Once the transaction is durable: `Ok`, or why not. Not bounded by a deadline (a
     /// `COMMIT` under way is not): an fsync that runs or starts at once. With no task left to
-    /// run it (no runtime, or one shutting down), it syncs the WAL's descriptor on this thread.
+    /// run it (no runtime, or one shutting down), it syncs the WAL's descriptor itself, on a
+    /// blocking thread.
     pub(super) async fn durable(self) -> Result<(), GroupCommitFailed> {
         let Pending { told, syncs } = self;
         let why: Arc<str> = match told.await {
             Ok(Ok(())) => return Ok(()),
             Ok(Err(why)) => why,
-            Err(_) => match Self::sync_here(&syncs) {
+            Err(_) => match Self::sync_here(&syncs).await {
                 Ok(()) => return Ok(()),
                 Err(why) => why,
             },
@@ -418,8 +436,11 @@ impl<D: Driver> Pending<D> {
         )))
     }
 
-    /// The sync task is gone: the descriptor synced here, unless group commit stopped.
-    fn sync_here(syncs: &Syncs<D>) -> Result<(), Arc<str>> {
+    /// The sync task is gone: the descriptor synced for this transaction alone, off the
+    /// runtime's threads as every fsync here, unless group commit stopped. A sync that cannot
+    /// run (the runtime shutting down, which is why the task is gone) leaves the transaction
+    /// not known durable, and is not the disk's failure.
+    async fn sync_here(syncs: &Syncs<D>) -> Result<(), Arc<str>> {
         let wal = {
             let state = lock(&syncs.state);
             if let Some(why) = &state.stopped {
@@ -428,9 +449,12 @@ impl<D: Driver> Pending<D> {
             state.wal.clone()
         };
         let synced = match wal {
-            Some(wal) => wal.sync(),
+            Some(wal) => D::sync_wal(wal).await,
             None => Err(no_descriptor()),
         };
-        synced.map_err(|error| syncs.stop(&error.to_string()))
+        synced.map_err(|error| match error.is_the_disks() {
+            true => syncs.stop(&error.to_string()),
+            false => Arc::from(error.to_string()),
+        })
     }
 }

@@ -65,7 +65,9 @@ pub(super) struct Target<D: Driver> {
     /// fsync to it (group commit on, WAL, `synchronous` `FULL` or `EXTRA`: the writer
     /// connection then runs at `NORMAL` while other writers wait).
     pub(super) syncs: Option<Arc<Syncs<D>>>,
-    /// The writer connection's commit hook (`gate.rs`): `Some` when the driver could set it.
+    /// The write path's commit hook (`gate.rs`): on the writer connection, `Some` when the
+    /// driver could set it; with the pool's connections, always (set for each transaction,
+    /// where the driver has one).
     pub(super) gate: Option<Arc<CommitGate>>,
     /// The background checkpointer (`checkpoint.rs`): `Some` when it took the writer
     /// connection's automatic checkpoints over (group commit sharing the fsync,
@@ -127,6 +129,16 @@ impl<D: Driver> WritePool<D> {
     /// the pool writes to (`None` before).
     pub fn stats(&self) -> Option<WriteStats> {
         Some(self.shared.target.get()?.queue.stats())
+    }
+
+    /// Test seam (`crate::__private::writer_connections_opened`): how many writer connections
+    /// group commit saw opened (0 where it shares no fsync).
+    pub fn writer_connections_opened(&self) -> u64 {
+        self.shared
+            .target
+            .get()
+            .and_then(|t| t.syncs.as_ref())
+            .map_or(0, |syncs| syncs.attached())
     }
 
     /// Test seam (`crate::__private::hold_fsync`): while `held`, group commit starts no fsync
@@ -249,7 +261,8 @@ impl<D: Driver> Shared<D> {
             queue,
             writer: None,
             syncs: None,
-            gate: None,
+            // Set on the pool's connection for each transaction, removed at its end.
+            gate: Some(Arc::new(CommitGate::default())),
             checkpoints: None,
         })
     }

@@ -74,9 +74,16 @@ impl<D: Driver> Session<D> {
         }
     }
 
-    /// The commit hook of the connection, if it is the `WritePool`'s own and has one.
+    /// The commit hook of the write path's connections, if the driver has one: set for good
+    /// on the `WritePool`'s own connection, and for the transaction only on one of the
+    /// pool's (`gate.rs`).
     pub(super) fn gate(&self) -> Option<&Arc<CommitGate>> {
-        self.own_target()?.gate.as_ref()
+        self.home.known_target()?.gate.as_ref()
+    }
+
+    /// Whether the connection is one of the pool's (it goes back to the pool).
+    pub(super) fn is_pooled(&self) -> bool {
+        matches!(self.conn(), Conn::Pooled(_))
     }
 
     /// Group commit's shared fsync, if the connection is the `WritePool`'s own and has one.
@@ -104,14 +111,32 @@ impl<D: Driver> Session<D> {
         D::depth(conn) == 0
     }
 
-    /// The commit hook set again on the connection, if it has one (`gate.rs`): whether it
-    /// was (a connection whose hook could not be set is not clean).
+    /// The connection's commit hook as the transaction's end leaves it (`gate.rs`): the gate
+    /// set again on the `WritePool`'s own connection, if it has one; no hook at all on one of
+    /// the pool's, which goes back as it came (the gate is the write path's, and so is a hook
+    /// a handler set on its transaction's connection). Whether it was done (a connection
+    /// whose hook could not be set or removed is not clean).
     pub(super) async fn guard_again(&mut self, gate: Option<&Arc<CommitGate>>) -> bool {
+        if self.is_pooled() {
+            return D::unguard_commits(self.conn_mut()).await.is_ok();
+        }
         match gate {
             Some(gate) => D::guard_commits(self.conn_mut(), Arc::clone(gate))
                 .await
                 .is_ok(),
             None => true,
+        }
+    }
+
+    /// Sets the gate on one of the pool's connections for this transaction (the
+    /// `WritePool`'s own has it for good): `Err` if it could not be set.
+    pub(super) async fn guard_pooled(&mut self) -> Result<(), D::Error> {
+        if !self.is_pooled() {
+            return Ok(());
+        }
+        match self.gate().cloned() {
+            Some(gate) => D::guard_commits(self.conn_mut(), gate).await.map(drop),
+            None => Ok(()),
         }
     }
 

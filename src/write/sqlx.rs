@@ -26,6 +26,11 @@ crate::__sqlx_driver! {
             Ok(true)
         }
 
+        async fn unguard_commits(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+            conn.lock_handle().await?.remove_commit_hook();
+            Ok(())
+        }
+
         async fn set_autocheckpoint(
             conn: &mut SqliteConnection,
             pages: u32,
@@ -132,6 +137,11 @@ impl WritePool {
     /// The test seam in `crate::__private`.
     pub(crate) fn hold_fsync(&self, held: bool) -> bool {
         self.inner.hold_fsync(held)
+    }
+
+    /// The test seam in `crate::__private`.
+    pub(crate) fn writer_connections_opened(&self) -> u64 {
+        self.inner.writer_connections_opened()
     }
 }
 

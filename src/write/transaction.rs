@@ -228,6 +228,10 @@ impl<D: Driver> Transaction<D> {
                     State::Beginning(session) => State::Open(session),
                     _ => unreachable!("begin owns the transaction"),
                 };
+                // One of the pool's connections has the gate for this transaction only: set
+                // now, removed at its end by every way out (`Session::guard_again`), the
+                // drop protocol's included, which a failure here takes.
+                tx.session_mut().guard_pooled().await?;
                 Ok(tx)
             }
             // A database error (another process's lock past `busy_timeout`) leaves the
@@ -319,9 +323,10 @@ impl<D: Driver> Transaction<D> {
                 {
                     checkpoints.committed();
                 }
-                if closed.unasked {
+                if closed.unasked || self.session_mut().is_pooled() {
                     // The handler replaced the commit hook: set again before anyone else
-                    // commits on this connection (`gate.rs`).
+                    // commits on this connection; or one of the pool's goes back with none
+                    // (`gate.rs`).
                     let clean = self.session_mut().guard_again(gate.as_ref()).await;
                     self.end(clean);
                 } else {

@@ -100,6 +100,11 @@ impl Wal {
         })
     }
 
+    /// Whether the file at the WAL's path is still the one this descriptor has open.
+    pub(crate) fn is_at_path(&self) -> bool {
+        check(self.identity, os::at_path(&self.path)).is_ok()
+    }
+
     /// The header's checkpoint sequence number (bytes 12 to 15, big-endian): SQLite changes it
     /// each time the WAL restarts. `None` if it cannot be read (no header yet).
     pub(crate) fn checkpoint_sequence(&self) -> Option<u32> {

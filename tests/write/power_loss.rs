@@ -683,6 +683,7 @@ fn fault_child() {
     rt.block_on(async move {
         match scenario.as_str() {
             "heard-elsewhere" => heard_elsewhere(&dir).await,
+            "heard-elsewhere-reopened" => heard_elsewhere_reopened(&dir).await,
             "failed-fsync" => failed_fsync(&dir).await,
             "failed-fsync-two-pools" => failed_fsync_two_pools(&dir).await,
             other => panic!("unknown scenario {other}"),
@@ -775,6 +776,66 @@ async fn heard_elsewhere(dir: &Path) {
     let t3 = transaction(&writes, "t3").await;
     println!("fault: t3 (after t2): {t3:?}");
     println!("fault: stats: {:?}", writes.stats());
+}
+
+/// Scenario a, with the writer connection closed and opened again between the error and the
+/// fsync (a transaction whose raw `COMMIT` the gate refused closes it). The WAL's descriptor
+/// is the file's for as long as the WAL is at its path: one opened with the new connection,
+/// after another descriptor heard the error, would never hear it, and `t1` would be
+/// acknowledged.
+async fn heard_elsewhere_reopened(dir: &Path) {
+    let (pool, writes) = held_write_pool(dir).await;
+    let t1 = commit_in_background(&writes, &pool, "t1").await;
+    assert!(!t1.is_finished(), "t1 acknowledged before any fsync (held)");
+
+    shim_command(dir, &format!("writeback-error:{DB}-wal"));
+    let wal = dir.join(format!("{DB}-wal"));
+    let other = OpenOptions::new().write(true).open(&wal).unwrap();
+    let heard = other
+        .sync_data()
+        .expect_err("the other descriptor hears the writeback error");
+    assert_eq!(heard.raw_os_error(), Some(EIO), "{heard}");
+
+    // A raw `COMMIT`, refused: the transaction's `commit()` fails and its writer connection is
+    // closed (its state is not what sqlx counts).
+    let mut raw = writes.begin().await.expect("begin");
+    sqlx::query("INSERT INTO items (name) VALUES ('raw')")
+        .execute(&mut *raw)
+        .await
+        .unwrap();
+    sqlx::query("COMMIT")
+        .execute(&mut *raw)
+        .await
+        .expect_err("a raw COMMIT is refused");
+    raw.commit()
+        .await
+        .expect_err("a transaction ended outside the write path");
+    // The next transaction opens a writer connection, and with it (were it not kept) a WAL
+    // descriptor of its own.
+    let t2 = commit_in_background(&writes, &pool, "t2").await;
+    println!(
+        "fault: writer connections opened: {}",
+        tower_sqlite_retry::__private::writer_connections_opened(&writes)
+    );
+    assert!(
+        tower_sqlite_retry::__private::writer_connections_opened(&writes) >= 2,
+        "the writer connection was opened again"
+    );
+
+    tower_sqlite_retry::__private::hold_fsync(&writes, false);
+    let (t1, t2) = (t1.await.unwrap(), t2.await.unwrap());
+    println!("fault: t1 (committed before the error): {t1:?}");
+    println!("fault: t2 (committed after the reopen): {t2:?}");
+    for (name, outcome) in [("t1", t1), ("t2", t2)] {
+        let error = outcome.expect_err(&format!(
+            "{name} acknowledged as durable although the WAL's writeback failed before its \
+             fsync (heard by another descriptor, before the writer connection reopened)"
+        ));
+        assert!(
+            names_the_disk(&error.to_string()),
+            "{name}'s error names the disk or the fsync: {error}"
+        );
+    }
 }
 
 /// Scenario b: the shared fsync itself fails. Both transactions that committed while it was
@@ -924,6 +985,15 @@ fn a_writeback_error_heard_first_by_another_descriptor_is_not_acknowledged() {
     fault_test(
         "a_writeback_error_heard_first_by_another_descriptor_is_not_acknowledged",
         "heard-elsewhere",
+    );
+}
+
+/// Scenario a, the writer connection reopened (see `heard_elsewhere_reopened`).
+#[test]
+fn a_writeback_error_heard_elsewhere_is_heard_after_the_writer_connection_reopens() {
+    fault_test(
+        "a_writeback_error_heard_elsewhere_is_heard_after_the_writer_connection_reopens",
+        "heard-elsewhere-reopened",
     );
 }
 

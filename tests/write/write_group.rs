@@ -27,6 +27,7 @@ use common::{HttpClient, TestDb, commit_in_background, poll_until, serve};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{SqliteConnection, SqlitePool};
 use tokio::sync::{Mutex as AsyncMutex, mpsc};
+use tower_sqlite_retry::write::WriterConnection;
 use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer, WritePool};
 
 const SCHEMA: &str = "
@@ -444,7 +445,36 @@ async fn hook_modes() -> Vec<(String, TestDb, SqlitePool, WritePool)> {
             modes.push((format!("groups {groups}, {level:?}"), db, pool, writes));
         }
     }
+    // And on the pool's own connection (`WriterConnection::FromPool`): one, so that every
+    // later transaction, and the pool's own autocommit writes, meet the connection the
+    // handler's hook was set on.
+    let db = TestDb::new();
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(full(&db))
+        .await
+        .expect("pool");
+    sqlx::raw_sql(SCHEMA).execute(&pool).await.expect("schema");
+    let writes = WritePool::new(pool.clone()).writer(WriterConnection::FromPool);
+    warm(&writes, "warm").await;
+    modes.push(("from the pool, FULL".to_owned(), db, pool, writes));
     modes
+}
+
+/// After a write transaction on one of the pool's connections, the pool's own autocommit
+/// writes commit: the write path's gate is not left on it (`WriterConnection::FromPool`; a
+/// no-op in the other modes, whose writer connection is not the pool's). The write is undone
+/// (deleted), so that the caller's list of names is as before.
+async fn the_pools_own_writes_commit(mode: &str, pool: &SqlitePool) {
+    sqlx::query("INSERT INTO items (name) VALUES ('the pool''s own')")
+        .execute(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{mode}: the pool's own write after a write transaction: {e}"));
+    sqlx::query("DELETE FROM items WHERE name = 'the pool''s own'")
+        .execute(pool)
+        .await
+        .unwrap();
 }
 
 /// sqlx's `test_query_with_commit_hook`, on a write transaction: a handler's commit hook that
@@ -478,6 +508,7 @@ async fn a_handlers_commit_hook_lasts_only_its_own_transaction() {
         for name in ["next", "after"] {
             warm(&writes, name).await;
         }
+        the_pools_own_writes_commit(&mode, &pool).await;
         assert_eq!(
             called.load(Ordering::SeqCst),
             1,
@@ -543,6 +574,7 @@ async fn a_handlers_hook_is_dropped_with_its_transaction_however_it_ends() {
                 "{mode}, {end}: the guard is back"
             );
             assert!(tx.commit().await.is_err(), "{mode}, {end}");
+            the_pools_own_writes_commit(&mode, &pool).await;
         }
         let committed = names(&pool, "items").await;
         assert_eq!(
