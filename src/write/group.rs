@@ -1,5 +1,8 @@
-//! Group commit: every write transaction commits on its own, and the transactions that commit
-//! while an fsync runs share the next one.
+//! Group commit's mechanism: the shared fsync, its waiters, and the writer connection's level.
+//! What it promises and why (a transaction's outcome is its own, `commit()` is `Ok` only once
+//! an fsync that started after its `COMMIT` completed, what differs from `FULL` and only on a
+//! power loss, the refusal after a failed sync) is written once, in the write module's docs
+//! (`mod.rs`, "Group commit"); the descriptor it syncs is `wal.rs`'s.
 //!
 //! ```text
 //!  writer connection, synchronous = NORMAL           the shared fsync (one task at a time)
@@ -9,37 +12,12 @@
 //!                                                        fsync the WAL, answer B and C
 //! ```
 //!
-//! At `synchronous = FULL` (sqlx's default, and SQLite's) every `COMMIT` in WAL mode waits for
-//! an fsync of the WAL while it holds the write lock: the fsync, not the transaction, is the
-//! database's write limit. With group commit the pool's writer connection runs at `NORMAL`
-//! (its `COMMIT` writes the WAL and returns), and a transaction's `commit()` returns only once
-//! an fsync of the WAL that *started after* its `COMMIT` returned has completed: what `FULL`
-//! promises, with the fsync out of the write lock and shared by every transaction that
-//! committed while the previous one ran.
-//!
-//! **Why not one SQLite transaction per group** (what an earlier design did, each member in a
-//! `SAVEPOINT`): a group's members then share one fate. Another member's deferred foreign key,
-//! its trigger's `RAISE(ROLLBACK)`, a commit hook's veto, a raw `COMMIT` failed or undid the
-//! innocent ones; and an earlier member's acknowledgement waited for every later member's own
-//! work (a slow handler, or one waiting for a lock the earlier one held). Here every
-//! transaction has exactly the outcome it would have alone, and its acknowledgement waits for
-//! nothing but an fsync that is already running or starts at once: no client can tell groups
-//! from one transaction at a time, except by the speed.
-//!
-//! **What differs from `FULL`, and only on a power loss**: a transaction's rows are visible to
-//! readers (and to the next writer) from its `COMMIT`, up to one fsync before its writer is
-//! answered. A process crash loses nothing (the WAL's pages are the kernel's once written); a
-//! power loss in that window loses rows a reader may have seen, but never a row whose writer
-//! was told it committed. The WAL is appended in commit order, so a later transaction is never
-//! durable without an earlier one.
-//!
-//! **When there is nothing to share**: at `synchronous = NORMAL` or `OFF` a `COMMIT` does not
-//! fsync, and in a rollback-journal mode the fsyncs are the journal's: group commit then
-//! changes nothing (the connection is left as it is, and `commit()` returns at its `COMMIT`).
-//! Nor for a writer alone: a transaction that begins while no other writer waits for the turn
-//! and no fsync is under way or waited for runs at the pool's own level, and its `COMMIT`
-//! fsyncs itself, with no hand-off (`level_for`); the writer connection's level changes only
-//! when the load does.
+//! A transaction joins the waiters with no `await` between its `COMMIT`'s answer and
+//! [`Syncs::committed`] (the commit's order is `transaction.rs`'s `Committed`), so the fsync it
+//! is answered by started after its `COMMIT`. A writer alone (nobody waiting for the turn, no
+//! fsync under way or waited for) runs at the pool's own level and its `COMMIT` fsyncs itself,
+//! with no hand-off ([`Syncs::level_for`]); the writer connection's level changes only when the
+//! load does, and only its turn's holder changes it.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
@@ -50,7 +28,7 @@ use tokio::sync::oneshot;
 
 use super::driver::Driver;
 use super::failed::GroupCommitFailed;
-use super::turn::Queue;
+use super::turn::{Queue, Turn};
 use super::wal::{SyncError, Wal};
 
 /// The shared fsync of one writer connection's WAL: transactions committed at `NORMAL` wait
@@ -169,7 +147,12 @@ impl<D: Driver> Syncs<D> {
     /// pays no hand-off). The pool's own too once group commit stopped, without a WAL
     /// descriptor, and past [`MAX_UNANSWERED`]. `Some` when the writer connection must change
     /// to it first.
-    pub(super) fn level_for(&self, others_wait: bool) -> (u8, Option<u8>) {
+    ///
+    /// Asked by the turn's holder alone, which `_held` proves: the level it reads and swaps
+    /// (`now`) is the writer connection's, and only the turn's holder has that connection, so
+    /// no other transaction changes it between this answer and its `PRAGMA`.
+    pub(super) fn level_for(&self, _held: &Turn) -> (u8, Option<u8>) {
+        let others_wait = self.queue.counts().has_waiting();
         let shared = {
             let state = lock(&self.state);
             let busy = !state.waiting.is_empty() || state.running || state.held;

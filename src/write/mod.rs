@@ -115,7 +115,9 @@
 //! one). A process crash loses nothing.
 //!
 //! **The fsync, as careful as SQLite's.** The WAL is synced through one read-write descriptor
-//! opened with the writer connection and kept for its life, as SQLite keeps its own: it hears
+//! opened with the first writer connection and kept, through writer connections that close and
+//! open again, for as long as the WAL at its path is the file it has open, as SQLite keeps its
+//! own for a connection's life: it hears
 //! every writeback error from then on (Linux tells a failed writeback once to each descriptor
 //! open at the time, so a descriptor opened for one fsync could miss an error another heard
 //! first), and it can be flushed on Windows (`FlushFileBuffers` needs write access). Before an

@@ -77,34 +77,16 @@ impl WritePool {
 
     /// Group commit (on by default; `false`: off): write transactions that commit while an
     /// fsync of the WAL runs share the next one, instead of each waiting for its own inside
-    /// the write lock.
+    /// the write lock. Each still commits on its own, with exactly the outcome it would have
+    /// alone, and `commit()` is `Ok` only once an fsync of the WAL that started after its
+    /// `COMMIT` completed; a failed fsync fails it with
+    /// [`GroupCommitFailed`](crate::write::GroupCommitFailed), and refuses the file's later
+    /// writes. Nothing changes where there is no fsync to share (`NORMAL`, a rollback
+    /// journal, `WriterConnection::FromPool`, in memory, a writer alone).
     ///
-    /// Every transaction still commits on its own, in its turn, with exactly the outcome it
-    /// would have alone: its own `COMMIT`, its own deferred foreign keys, triggers and commit
-    /// hooks, its own errors. What is shared is the fsync: in WAL mode at `synchronous = FULL`
-    /// (or `EXTRA`; sqlx's default and SQLite's), the writer connection runs at `NORMAL`, and
-    /// `commit()` returns `Ok` only once an fsync of the WAL that started after its `COMMIT`
-    /// has completed. The write lock is then held for the transaction's statements only, and
-    /// one fsync makes durable every transaction that committed while the previous one ran.
-    /// The request is fenced at the `COMMIT`; the wait for the fsync is not cut by the
-    /// request's deadline (a `COMMIT` under way is not either), and it waits for nothing but
-    /// an fsync that runs or starts at once. If the fsync fails, `commit()` fails with
-    /// [`GroupCommitFailed`](crate::write::GroupCommitFailed) (not retryable: the transaction is committed, but not known to be
-    /// durable), and an ERROR event says so.
-    ///
-    /// What a client could tell, and only after a power loss: a transaction's rows are visible
-    /// to readers from its `COMMIT`, up to one fsync before its writer is answered; a power
-    /// loss in that window loses rows a reader may have seen, never a row whose writer was told
-    /// it committed. A process crash loses nothing.
-    ///
-    /// Nothing changes when there is no fsync to share: at `synchronous = NORMAL` or `OFF`, in
-    /// a rollback-journal mode, with `writer(WriterConnection::FromPool)` or an in-memory database.
-    ///
-    /// A transaction that begins while no other writer waits and no fsync is under way (an
-    /// idle service, one client) runs at the pool's own level and its `COMMIT` fsyncs, as
-    /// without group commit: nothing to share, no hand-off. Why it is on: at `FULL` the fsync,
-    /// not the transaction, is the write limit of an SQLite database (BENCHMARKS.md has the
-    /// figures).
+    /// The whole story (what a client can tell, and only after a power loss; the fsync's
+    /// care; what the operator does after a failed one; why it is on) is the
+    /// [write module's](crate::write#group-commit), written once.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]

@@ -53,9 +53,11 @@ use crate::recorder::{self, WriteStage};
 use super::bound::{bound, within};
 use super::driver::Driver;
 use super::failed::GroupCommitFailed;
-use super::group::NORMAL;
+use super::gate::{Closed, CommitGate};
+use super::group::{NORMAL, Pending};
 use super::pool::{Shared, WritePool};
 use super::session::Session;
+use super::turn::Queue;
 
 // A write transaction begins from the pool: here, so that the pool knows nothing of the
 // transaction built on it.
@@ -188,8 +190,7 @@ impl<D: Driver> Transaction<D> {
         if let Some(syncs) = session.syncs().cloned() {
             // Group commit: `NORMAL` (the fsync shared) while others write, the pool's own
             // level for a writer alone.
-            let others = session.turn().queue().counts().has_waiting();
-            let (level, change) = syncs.level_for(others);
+            let (level, change) = syncs.level_for(session.turn());
             tx.shares_fsync = level == NORMAL;
             if let Some(level) = change {
                 // NOTE: unknown until every statement below ran: a begin that fails, or is
@@ -306,55 +307,10 @@ impl<D: Driver> Transaction<D> {
         }
         match committed {
             Ok(()) => {
-                if let Some(request) = session.turn().request() {
-                    request.fence();
-                }
-                let depth = D::depth(session.conn());
-                let handed_on = session.turn().queue().counts().has_waiting();
-                // NOTE: no await since the `COMMIT`'s answer: the fsync waited for starts
-                // after it.
-                let fsync = match session.syncs() {
-                    Some(syncs) if shares_fsync && depth == 0 => Some(syncs.committed()),
-                    _ => None,
-                };
-                if shares_fsync
-                    && depth == 0
-                    && let Some(checkpoints) = session.checkpoints()
-                {
-                    checkpoints.committed();
-                }
-                if closed.unasked || self.session_mut().is_pooled() {
-                    // The handler replaced the commit hook: set again before anyone else
-                    // commits on this connection; or one of the pool's goes back with none
-                    // (`gate.rs`).
-                    let clean = self.session_mut().guard_again(gate.as_ref()).await;
-                    self.end(clean);
-                } else {
-                    self.end(true);
-                }
-                if depth != 0 {
-                    return Err(D::invalid(format!(
-                        "COMMIT left the connection at depth {depth}: it was closed"
-                    )));
-                }
-                if handed_on {
-                    // The next writer was just woken: let it take the turn and send its
-                    // `BEGIN` before this task goes on with the handler.
-                    YieldOnce(false).await;
-                }
-                // Committed and fenced: not bounded by the deadline, as a `COMMIT` is not.
-                let durable = match fsync {
-                    Some(pending) => pending.durable().await,
-                    None => Ok(()),
-                };
-                // NOTE: asked after the fsync (the shared one, or the `COMMIT`'s own): a sync of
-                // the file's WAL that failed before it returned, through any pool, may have left
-                // earlier frames off the disk, and this transaction's frames follow them.
-                let durable = durable.and_then(|()| match queue.refused() {
-                    Some(why) => Err(GroupCommitFailed::refused(why.to_string())),
-                    None => Ok(()),
-                });
-                durable.map_err(|failed| {
+                // The order that follows is the types': each step consumes the one before.
+                let committed = Committed::now(session, shares_fsync, queue);
+                let handed_on = committed.hand_on(&mut self, gate.as_ref(), closed).await?;
+                handed_on.durable().await.map_err(|failed| {
                     *stage = WriteStage::Sync;
                     D::group_failed(failed)
                 })
@@ -429,6 +385,107 @@ impl<D: Driver> Drop for Transaction<D> {
             }
         };
         session.abandon();
+    }
+}
+
+/// A `COMMIT` SQLite answered `Ok`, at the one moment nothing else has happened since: what
+/// must follow it, in its order, is this type's and the next one's, each step consuming the
+/// one before, so that no edit that compiles can reorder them.
+///
+/// 1. [`now`](Self::now), a plain function (no `await` can come between the `COMMIT`'s answer
+///    and it): the request is fenced, and the transaction takes its place among the shared
+///    fsync's waiters, so that the fsync it waits for starts after its `COMMIT`; the
+///    checkpointer counts the commit.
+/// 2. [`hand_on`](Self::hand_on): the connection goes back (the gate set again first if the
+///    handler replaced it, or taken off one of the pool's connections) and the turn to the
+///    next writer, who is let run before this task goes on.
+/// 3. [`HandedOn::durable`]: the shared fsync awaited, then the file's refusal asked (a sync
+///    of its WAL that failed meanwhile, through any pool, may have left earlier frames off the
+///    disk, and this transaction's follow them).
+#[must_use = "a COMMIT answered Ok is acknowledged only once it was handed on and is durable"]
+struct Committed<D: Driver> {
+    fsync: Option<Pending<D>>,
+    depth: usize,
+    handed_on: bool,
+    queue: Arc<Queue>,
+}
+
+impl<D: Driver> Committed<D> {
+    /// Step 1, right after the `COMMIT`'s answer: fence, join the next fsync, count.
+    fn now(session: &Session<D>, shares_fsync: bool, queue: Arc<Queue>) -> Self {
+        if let Some(request) = session.turn().request() {
+            request.fence();
+        }
+        let depth = D::depth(session.conn());
+        let handed_on = session.turn().queue().counts().has_waiting();
+        let top = shares_fsync && depth == 0;
+        let fsync = session
+            .syncs()
+            .filter(|_| top)
+            .map(|syncs| syncs.committed());
+        if top && let Some(checkpoints) = session.checkpoints() {
+            checkpoints.committed();
+        }
+        Self {
+            fsync,
+            depth,
+            handed_on,
+            queue,
+        }
+    }
+
+    /// Step 2: the connection and the turn handed on; the next writer let run first.
+    async fn hand_on(
+        self,
+        tx: &mut Transaction<D>,
+        gate: Option<&Arc<CommitGate>>,
+        closed: Closed,
+    ) -> Result<HandedOn<D>, D::Error> {
+        if closed.unasked || tx.session_mut().is_pooled() {
+            // The handler replaced the commit hook: set again before anyone else commits on
+            // this connection; or one of the pool's goes back with none (`gate.rs`).
+            let clean = tx.session_mut().guard_again(gate).await;
+            tx.end(clean);
+        } else {
+            tx.end(true);
+        }
+        if self.depth != 0 {
+            return Err(D::invalid(format!(
+                "COMMIT left the connection at depth {}: it was closed",
+                self.depth
+            )));
+        }
+        if self.handed_on {
+            // The next writer was just woken: let it take the turn and send its `BEGIN`
+            // before this task goes on with the handler.
+            YieldOnce(false).await;
+        }
+        Ok(HandedOn {
+            fsync: self.fsync,
+            queue: self.queue,
+        })
+    }
+}
+
+/// A committed transaction whose connection and turn went on: only its durability is left.
+#[must_use = "a COMMIT answered Ok is acknowledged only once it is durable"]
+struct HandedOn<D: Driver> {
+    fsync: Option<Pending<D>>,
+    queue: Arc<Queue>,
+}
+
+impl<D: Driver> HandedOn<D> {
+    /// Step 3: `Ok` once durable. Committed and fenced, so not bounded by the deadline, as a
+    /// `COMMIT` is not.
+    async fn durable(self) -> Result<(), GroupCommitFailed> {
+        if let Some(pending) = self.fsync {
+            pending.durable().await?;
+        }
+        // Asked after the fsync (the shared one, or the `COMMIT`'s own).
+        match self.queue.refused() {
+            Some(why) => Err(GroupCommitFailed::refused(why.to_string())),
+            None => Ok(()),
+        }
     }
 }
 
