@@ -114,6 +114,7 @@
 //! | `mysql` | MySQL/MariaDB error numbers, in whichever sqlx versions are on |
 //! | `metrics` | metrics through the [`metrics`](https://docs.rs/metrics) facade |
 //! | `sqlite-write` | the write path for sqlx 0.9 and SQLite ([`WritePool`](write/index.html)): the transaction queues for its turn per database file, begins `IMMEDIATE` and fences the request at commit; no SQLite library chosen |
+//! | `rusqlite-write` | the write path for rusqlite (`write::WriteThread`): each write transaction, a closure, runs on the database's writer thread, in the file's turn, with group commit; rusqlite as `rusqlite` takes it |
 //!
 //! # Semver and dependencies
 //!
@@ -122,7 +123,8 @@
 //! [`Budget`](tower::retry::budget::Budget) a policy takes, `BoxError`); `tracing` 0.1 (the
 //! `Level` of [`RetryPolicy::replay_event_level`]); and, with their features, `axum` 0.8,
 //! sqlx 0.9 and 0.8, rusqlite (0.14 to 0.43), libsql 0.10 and diesel 2 (`From` impls and classifiers),
-//! sqlx-sqlite 0.9 (`sqlite-write`: `WritePool` takes and gives sqlx's SQLite types).
+//! sqlx-sqlite 0.9 (`sqlite-write`: `WritePool` takes and gives sqlx's SQLite types),
+//! rusqlite (`rusqlite-write`: `WriteThread` gives its closures rusqlite's `Transaction`).
 //! Moving to a new breaking version of any of them is a breaking release of this crate. CI
 //! checks the list with `cargo-check-external-types`. The minimum supported Rust version is
 //! 1.94 (that of sqlx 0.9), checked in CI; raising it is a minor release.
@@ -202,6 +204,13 @@ pub mod __private {
         pool.hold_fsync(held)
     }
 
+    /// While `held`, the writer thread's group commit starts no fsync: closures commit, then
+    /// wait for it. `false` if it shares no fsync.
+    #[cfg(feature = "rusqlite-write")]
+    pub fn hold_thread_fsync(writes: &crate::write::WriteThread, held: bool) -> bool {
+        writes.hold_fsync(held)
+    }
+
     /// How many writer connections group commit saw opened (0 where it shares no fsync).
     #[cfg(feature = "sqlite-write")]
     pub fn writer_connections_opened(pool: &crate::WritePool) -> u64 {
@@ -265,5 +274,20 @@ mod traits {
         assert_send::<Retried>();
         assert_sync::<Retried>();
         let _ = |_: Request<Body>| ();
+    }
+
+    /// The rusqlite write path: the writer and its options cross threads, and so does the
+    /// future of a transaction (a handler's future must be `Send`).
+    #[cfg(feature = "rusqlite-write")]
+    #[allow(dead_code)]
+    fn write_thread_traits() {
+        assert_send::<write::WriteThread>();
+        assert_sync::<write::WriteThread>();
+        assert_send::<write::WriteThreadOptions>();
+        assert_sync::<write::WriteThreadOptions>();
+        fn transaction_is_send(writes: &write::WriteThread) -> impl Send + '_ {
+            writes.transaction(|tx| tx.execute_batch("SELECT 1"))
+        }
+        let _ = transaction_is_send;
     }
 }

@@ -87,6 +87,26 @@ fn lock(mutex: &Mutex<State>) -> MutexGuard<'_, State> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// What the commits a failed sync of the WAL stopped are told: `why`, and what to do.
+pub(super) fn stop_reason(why: &str) -> Arc<str> {
+    Arc::from(format!("{why}; {STOPPED_ADVICE}"))
+}
+
+/// A shared fsync stopped for good (a sync of the WAL at `wal` failed, `why`): counted, and
+/// said at ERROR, once per stop. The file's refusal is the caller's (`Queue::refuse`).
+pub(super) fn report_stop(queue: &Queue, wal: &Path, why: &str) {
+    queue.counts().sync_failed();
+    crate::recorder::write_sync_failed(queue.database());
+    tracing::error!(
+        db.namespace = %queue.database(),
+        error.message = %why,
+        "group commit stopped: a sync of the WAL ({}) failed, and what it did not make \
+         durable cannot be told apart; the transactions waiting for an fsync fail, and \
+         so does every later write to the database; {STOPPED_ADVICE}",
+        wal.display()
+    );
+}
+
 /// What an operator does once the disk refused a write of the WAL.
 const STOPPED_ADVICE: &str = "writes to this database are refused until the process \
      restarts (frames the failed sync did not make durable would take every later commit with \
@@ -223,7 +243,7 @@ impl<D: Driver> Syncs<D> {
             let mut state = lock(&self.state);
             let first = state.stopped.is_none();
             if first {
-                state.stopped = Some(Arc::from(format!("{why}; {STOPPED_ADVICE}")));
+                state.stopped = Some(stop_reason(why));
             }
             let stopped = state.stopped.clone().expect("set above");
             (first, std::mem::take(&mut state.waiting), stopped)
@@ -235,16 +255,7 @@ impl<D: Driver> Syncs<D> {
             let _ = waiter.send(Err(Arc::clone(&stopped)));
         }
         if first {
-            self.queue.counts().sync_failed();
-            crate::recorder::write_sync_failed(self.queue.database());
-            tracing::error!(
-                db.namespace = %self.queue.database(),
-                error.message = %why,
-                "group commit stopped: a sync of the WAL ({}) failed, and what it did not make \
-                 durable cannot be told apart; the transactions waiting for an fsync fail, and \
-                 so does every later write to the database; {STOPPED_ADVICE}",
-                self.path.display()
-            );
+            report_stop(&self.queue, &self.path, why);
         }
         stopped
     }

@@ -490,6 +490,8 @@ mod session;
 #[cfg(feature = "sqlite-write")]
 mod sqlx;
 mod stats;
+#[cfg(feature = "rusqlite-write")]
+mod thread;
 mod transaction;
 mod turn;
 #[cfg(test)]
@@ -504,6 +506,9 @@ pub use failed::GroupCommitFailed;
 pub use pool::WriterConnection;
 pub use queue::{TurnError, WriteQueue, WriteTurn};
 pub use stats::WriteStats;
+#[cfg(feature = "rusqlite-write")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rusqlite-write")))]
+pub use thread::{WriteThread, WriteThreadOptions};
 
 /// The one implementation of the write path, generic over the driver: what
 /// `tower-sqlite-retry-sqlx08` builds sqlx 0.8's `WritePool` on, through `crate::__private`.

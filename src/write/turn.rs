@@ -183,6 +183,18 @@ impl Queue {
             .expect("a wait without a bound ends with the turn")
     }
 
+    /// The turn at once if it is free (a writer's, counted as [`take`](Self::take) counts it),
+    /// with no await: what a writer thread asks before it waits.
+    #[cfg(feature = "rusqlite-write")]
+    pub(crate) fn try_take(
+        self: &Arc<Self>,
+        request: Option<Arc<RequestState>>,
+        slow: Option<Duration>,
+    ) -> Option<Turn> {
+        let permit = self.turn.try_acquire().ok()?;
+        Some(self.turn_of(permit, Duration::ZERO, request, slow, true))
+    }
+
     async fn take_as(
         self: &Arc<Self>,
         request: Option<Arc<RequestState>>,
@@ -205,8 +217,19 @@ impl Queue {
             }
             Err(TryAcquireError::Closed) => unreachable!("the turn's semaphore is never closed"),
         };
-        // NOTE: from here to the `Turn` there is no await: the permit cannot be lost between.
-        // The `Turn` gives it back (once, in its `Drop`).
+        Some(self.turn_of(permit, waited, request, slow, writer))
+    }
+
+    /// The `Turn` of a permit just taken. NOTE: a plain function: no await between the permit
+    /// and the `Turn`, which gives it back (once, in its `Drop`).
+    fn turn_of(
+        self: &Arc<Self>,
+        permit: tokio::sync::SemaphorePermit<'_>,
+        waited: Duration,
+        request: Option<Arc<RequestState>>,
+        slow: Option<Duration>,
+        writer: bool,
+    ) -> Turn {
         permit.forget();
         if let Some(request) = &request {
             request.turns().name(self.id());
@@ -217,7 +240,7 @@ impl Queue {
                 .taken(request.as_deref().map(RequestState::route), waited),
             false => std::time::Instant::now(),
         };
-        Some(Turn {
+        Turn {
             queue: Arc::clone(self),
             named: request.is_some(),
             request,
@@ -225,7 +248,7 @@ impl Queue {
             waited,
             slow,
             writer,
-        })
+        }
     }
 }
 

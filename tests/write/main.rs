@@ -14,4 +14,5 @@ mod write_group;
 mod write_observability;
 mod write_path;
 mod write_stress;
+mod write_thread;
 mod write_trust;

@@ -276,6 +276,20 @@ async fn write(
     Ok(StatusCode::CREATED)
 }
 
+/// [`write`] on the rusqlite writer thread.
+async fn thread_write(
+    State(db): State<tower_sqlite_retry::write::WriteThread>,
+    UrlPath(id): UrlPath<i64>,
+) -> Result<StatusCode, DbError> {
+    db.transaction(move |tx| {
+        let _: i64 = tx.query_row("SELECT COUNT(*) FROM items", [], |row| row.get(0))?;
+        tx.execute("INSERT INTO items (client_id) VALUES (?1)", [id])?;
+        Ok::<_, rusqlite::Error>(())
+    })
+    .await?;
+    Ok(StatusCode::CREATED)
+}
+
 /// The serving child: `serve:<config>:<dir>`, until killed. Not a test on its own: run by the
 /// power-loss tests (`common::child_test`); a no-op without its variable.
 #[test]
@@ -295,6 +309,18 @@ fn power_loss_child() {
         .build()
         .unwrap();
     rt.block_on(async move {
+        if config == "thread-full" {
+            // The rusqlite writer thread, group commit on (its default), at FULL.
+            let writes = tower_sqlite_retry::write::WriteThread::open(dir.join(DB)).unwrap();
+            let router = Router::new()
+                .route("/items/{id}", post(thread_write))
+                .layer(SqliteRetryLayer::new(RetryPolicy::default()))
+                .with_state(writes);
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            println!("listening {}", listener.local_addr().unwrap());
+            axum::serve(listener, router).await.unwrap();
+            return;
+        }
         let (synchronous, group) = match config.as_str() {
             // Group commit on (the default): the writer connection at NORMAL while the fsync is
             // shared, the shared fsync being the crate's own.
@@ -446,7 +472,25 @@ fn seed() -> u64 {
 /// rounds on one file: every write acknowledged before the kill is in the recovered file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_acknowledged_write_survives_power_loss_with_group_commit() {
-    let test = "every_acknowledged_write_survives_power_loss_with_group_commit";
+    survives_power_loss(
+        "every_acknowledged_write_survives_power_loss_with_group_commit",
+        "group-full",
+    )
+    .await;
+}
+
+/// The same on the rusqlite writer thread (`WriteThread`, group commit on, `FULL`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acknowledged_write_survives_power_loss_on_the_writer_thread() {
+    survives_power_loss(
+        "every_acknowledged_write_survives_power_loss_on_the_writer_thread",
+        "thread-full",
+    )
+    .await;
+}
+
+/// The kill rounds of the tests above, for the child's `config`.
+async fn survives_power_loss(test: &str, config: &str) {
     let Some(shim) = shim(test) else { return };
     let seed = seed();
     eprintln!("{test}: seed {seed} (TSR_POWER_LOSS_SEED={seed} replays the kill times)");
@@ -458,7 +502,7 @@ async fn every_acknowledged_write_survives_power_loss_with_group_commit() {
     for round in 0..ROUNDS {
         // A slower disk every other round: bigger groups.
         let fsync_delay_us = if round % 2 == 0 { 0 } else { 1000 };
-        let mut server = ChildServer::start("group-full", &disk, shim, fsync_delay_us);
+        let mut server = ChildServer::start(config, &disk, shim, fsync_delay_us);
         let book = Arc::new(Mutex::new(Book::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let base = i64::from(round + 1) * 1_000 * MAX_REQUESTS;
@@ -686,6 +730,7 @@ fn fault_child() {
             "heard-elsewhere-reopened" => heard_elsewhere_reopened(&dir).await,
             "failed-fsync" => failed_fsync(&dir).await,
             "failed-fsync-two-pools" => failed_fsync_two_pools(&dir).await,
+            "thread-failed-fsync" => thread_failed_fsync(&dir).await,
             other => panic!("unknown scenario {other}"),
         }
     });
@@ -928,6 +973,88 @@ async fn failed_fsync_two_pools(dir: &Path) {
     assert_not_in_file(&pool, &["t3-other", "t4-other", "t5"]).await;
 }
 
+/// One write through the rusqlite writer thread, inserting `name`: `Ok`, or why not.
+async fn thread_transaction(
+    writes: &tower_sqlite_retry::write::WriteThread,
+    name: &str,
+) -> Result<(), rusqlite::Error> {
+    let name = name.to_owned();
+    writes
+        .transaction(move |tx| {
+            tx.execute("INSERT INTO items (name) VALUES (?1)", [&name])?;
+            Ok(())
+        })
+        .await
+}
+
+/// Scenario b on the rusqlite writer thread (`WriteThread`): a closure that committed while
+/// the shared fsync was held, which then fails, is not `Ok` (`SQLITE_IOERR_FSYNC`); every
+/// later write to the file is refused, the writer thread's and an sqlx `WritePool`'s on the
+/// same file alike (the refusal is the file's).
+async fn thread_failed_fsync(dir: &Path) {
+    use tower_sqlite_retry::write::WriteThread;
+    let writes = WriteThread::open(dir.join(DB)).expect("the writer thread");
+    writes
+        .transaction(|tx| {
+            tx.execute_batch(
+                "CREATE TABLE IF NOT EXISTS items (id INTEGER PRIMARY KEY, name TEXT NOT NULL)",
+            )
+        })
+        .await
+        .expect("the schema");
+    thread_transaction(&writes, "first")
+        .await
+        .expect("the first write");
+    println!("fault: acked first");
+    assert!(
+        tower_sqlite_retry::__private::hold_thread_fsync(&writes, true),
+        "the writer thread shares the WAL's fsync (WAL, FULL, group commit on)"
+    );
+    let before = writes.stats().transactions;
+    let t1 = {
+        let writes = writes.clone();
+        tokio::spawn(async move { thread_transaction(&writes, "t1").await })
+    };
+    common::poll_until("t1 committed, its turn given back", async || {
+        writes.stats().transactions > before
+    })
+    .await;
+    assert!(!t1.is_finished(), "t1 acknowledged before any fsync (held)");
+    shim_command(dir, &format!("fail-next-fsync:{DB}-wal"));
+    tower_sqlite_retry::__private::hold_thread_fsync(&writes, false);
+    let t1 = t1.await.unwrap();
+    println!("fault: t1 (waited for the failed fsync): {t1:?}");
+    let error = t1.expect_err("t1 acknowledged although the fsync it waited for failed");
+    match &error {
+        rusqlite::Error::SqliteFailure(code, _) => {
+            assert_eq!(
+                code.extended_code,
+                rusqlite::ffi::SQLITE_IOERR_FSYNC,
+                "{error}"
+            )
+        }
+        other => panic!("t1: SQLITE_IOERR_FSYNC, not {other:?}"),
+    }
+    assert!(names_the_disk(&error.to_string()), "{error}");
+    for name in ["t3", "t4"] {
+        let later = thread_transaction(&writes, name)
+            .await
+            .map_err(|e| e.to_string());
+        println!("fault: {name} (begun after the failure): {later:?}");
+        assert_refused(name, later);
+    }
+    let pool = SqlitePoolOptions::new()
+        .max_connections(2)
+        .connect_with(options(&dir.join(DB), SqliteSynchronous::Full))
+        .await
+        .unwrap();
+    let sqlx_writes = WritePool::new(pool.clone());
+    let later = transaction(&sqlx_writes, "t5-sqlx").await;
+    println!("fault: t5-sqlx (an sqlx WritePool on the file): {later:?}");
+    assert_refused("t5-sqlx", later);
+    assert_not_in_file(&pool, &["t3", "t4", "t5-sqlx"]).await;
+}
+
 fn fault_test(test: &str, scenario: &str) {
     let Some(shim) = shim(test) else { return };
     let (output, disk) = match run_fault_child(scenario, shim) {
@@ -994,6 +1121,15 @@ fn a_writeback_error_heard_elsewhere_is_heard_after_the_writer_connection_reopen
     fault_test(
         "a_writeback_error_heard_elsewhere_is_heard_after_the_writer_connection_reopens",
         "heard-elsewhere-reopened",
+    );
+}
+
+/// Scenario b on the rusqlite writer thread (see `thread_failed_fsync`).
+#[test]
+fn after_a_failed_fsync_the_writer_thread_acknowledges_nothing() {
+    fault_test(
+        "after_a_failed_fsync_the_writer_thread_acknowledges_nothing",
+        "thread-failed-fsync",
     );
 }
 
