@@ -56,8 +56,28 @@ type Job = Box<dyn FnOnce(&mut Writer) + Send>;
 type Deliver = Box<dyn FnOnce(Result<(), GroupCommitFailed>) + Send>;
 
 /// The writer thread of one SQLite database file, for rusqlite: write transactions run on it,
-/// one after the other, each a closure given the transaction (`BEGIN IMMEDIATE` already run);
-/// see the [module docs](self).
+/// one after the other, each a closure given the transaction (`BEGIN IMMEDIATE` already run).
+///
+/// With sqlx every statement is a round trip to the connection's worker thread, and the turn
+/// passes between writers through a wake-up of the next handler's task. Here the handler's
+/// transaction body goes, as a closure, to the thread that owns the writer connection, which
+/// runs the closures in the order they came, each in its own `BEGIN IMMEDIATE` … `COMMIT`: the
+/// turn passes from one to the next on that thread, with nothing in between. As on the sqlx
+/// write path ([`WritePool`](crate::write)):
+///
+/// - **The turn is the file's**: taken for each closure, shared with every `WritePool` and
+///   `WriteQueue` on the file in this process, first come first served; [`stats`](Self::stats),
+///   the slow-transaction report and the metrics count each closure as a transaction.
+/// - **The fence**: a request whose `COMMIT` went through is never replayed.
+/// - **Group commit** (WAL at `FULL`, on by default): the connection runs at `NORMAL`, and a
+///   closure's value comes back once an fsync of the WAL that started after its `COMMIT`
+///   completed; the fsyncs run on a thread of their own, shared by every closure that committed
+///   while one ran. Each closure is its own SQLite transaction, all-or-nothing and blind to
+///   another's failure. After a failed sync of the WAL the file is refused every write until
+///   the process restarts (the [write module's](crate::write#group-commit) "Group commit").
+/// - **Deadline and cancellation**: a closure whose request's deadline passes, or whose caller
+///   stopped waiting, before its turn never runs; one that began runs to its end, and is
+///   counted whether or not anyone hears of it.
 ///
 /// Cloning is cheap: every clone hands its closures to the same thread. The threads end once
 /// the last clone is dropped and the closures sent before have run (and their fsync).
