@@ -42,6 +42,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::attempt::{RequestState, current_request};
+use crate::recorder::{self, WriteStage};
 
 use super::failed::GroupCommitFailed;
 use super::group::{report_stop, stop_reason};
@@ -413,11 +414,15 @@ impl Writer {
                 "the write turn was not reached within the request's deadline".to_owned(),
             ))
         };
+        let database = Arc::clone(self.queue.database());
+        let failed = |stage: WriteStage| recorder::write_error(Some(&database), stage);
         if deadline.is_some_and(past) {
+            failed(WriteStage::Turn);
             let _ = answer.send(Err(timed_out()));
             return;
         }
         let Some(turn) = self.turn(request.clone(), deadline) else {
+            failed(WriteStage::Turn);
             let _ = answer.send(Err(timed_out()));
             return;
         };
@@ -428,11 +433,13 @@ impl Writer {
         }
         if deadline.is_some_and(past) {
             drop(turn);
+            failed(WriteStage::Turn);
             let _ = answer.send(Err(timed_out()));
             return;
         }
         if let Some(why) = self.queue.refused() {
             drop(turn);
+            failed(WriteStage::Begin);
             let refused = GroupCommitFailed::refused(why.to_string());
             let _ = answer.send(Err(E::from(not_durable(refused))));
             return;
@@ -444,6 +451,7 @@ impl Writer {
             Ok(tx) => tx,
             Err(error) => {
                 drop(turn);
+                failed(WriteStage::Begin);
                 let _ = answer.send(Err(E::from(error)));
                 return;
             }
@@ -466,6 +474,7 @@ impl Writer {
                 request.fence();
             }
             drop(turn);
+            failed(WriteStage::Commit);
             let _ = answer.send(Err(E::from(failure(
                 libsqlite3_sys::SQLITE_MISUSE,
                 "the transaction was ended inside the closure (a raw COMMIT or ROLLBACK): \
@@ -483,6 +492,9 @@ impl Writer {
                 drop(turn);
                 match &self.fsync {
                     Some(fsync) => fsync.committed(Box::new(move |durable| {
+                        if durable.is_err() {
+                            recorder::write_error(Some(&database), WriteStage::Sync);
+                        }
                         let _ = answer.send(
                             durable
                                 .map(|()| value)
@@ -491,9 +503,12 @@ impl Writer {
                     })),
                     None => {
                         let answered = match self.queue.refused() {
-                            Some(why) => Err(E::from(not_durable(GroupCommitFailed::refused(
-                                why.to_string(),
-                            )))),
+                            Some(why) => {
+                                recorder::write_error(Some(&database), WriteStage::Sync);
+                                Err(E::from(not_durable(GroupCommitFailed::refused(
+                                    why.to_string(),
+                                ))))
+                            }
                             None => Ok(value),
                         };
                         let _ = answer.send(answered);
@@ -510,6 +525,7 @@ impl Writer {
                     );
                 }
                 drop(turn);
+                failed(WriteStage::Commit);
                 let _ = answer.send(Err(E::from(error)));
             }
         }

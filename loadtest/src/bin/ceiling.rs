@@ -1,7 +1,7 @@
 //! The write path against its ceiling: the same write transaction, back to back, in one
 //! process and with no HTTP, on `rusqlite` (SQLite's own speed: the statements run on the
-//! caller's thread), on one sqlx connection, and through `WritePool`, alone and with many
-//! writers.
+//! caller's thread), on one sqlx connection, through `WritePool` and through `WriteThread`
+//! (rusqlite on the writer thread), alone and with many writers.
 //!
 //! ```text
 //! cargo run --release -p tower-sqlite-retry-loadtest --bin ceiling                      # all (≈ 2.5 min)
@@ -36,6 +36,8 @@
 //! | `sqlx` | one `SqliteConnection`, `begin_with("BEGIN IMMEDIATE")`, one task: what sqlx adds (its connection's worker thread, the async hand-offs) |
 //! | `write path` | `WritePool::new(pool)` as an application makes it (its own writer connection, group commit on), `begin()`, `commit()`, one task: the turn's cost with nobody waiting |
 //! | `write path ×N` | the same with `--tasks` (64) tasks, each in a loop: the turn handed from writer to writer; at `FULL`, group commit shares the fsync (`tx/fsync`) |
+//! | `thread` | `WriteThread::open_with` (rusqlite's write path: each transaction a closure run on the writer thread, in the file's turn, group commit on), one task |
+//! | `thread ×N` | the same with `--tasks` tasks: closures queue for the writer thread, which runs them back to back; at `FULL` they share the fsync |
 //!
 //! The async columns run in tasks on tokio's multi-thread runtime (a worker per core, as
 //! `writepath`'s servers have); `rusqlite` runs outside it, on the main thread. rusqlite and
@@ -77,6 +79,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{ConnectOptions, Connection, SqliteConnection, SqlitePool};
 use tokio::runtime::Runtime;
 use tower_sqlite_retry::WritePool;
+use tower_sqlite_retry::write::{WriteThread, WriteThreadOptions};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -197,14 +200,20 @@ enum Column {
     WritePath,
     /// `WritePool`, `--tasks` tasks.
     WritePathTasks,
+    /// `WriteThread` (rusqlite on the writer thread), one task.
+    Thread,
+    /// `WriteThread`, `--tasks` tasks.
+    ThreadTasks,
 }
 
 impl Column {
-    const ALL: [Column; 4] = [
+    const ALL: [Column; 6] = [
         Column::Rusqlite,
         Column::Sqlx,
         Column::WritePath,
         Column::WritePathTasks,
+        Column::Thread,
+        Column::ThreadTasks,
     ];
 
     fn label(self, tasks: usize) -> String {
@@ -213,13 +222,15 @@ impl Column {
             Column::Sqlx => "sqlx".to_owned(),
             Column::WritePath => "write path".to_owned(),
             Column::WritePathTasks => format!("write path ×{tasks}"),
+            Column::Thread => "thread".to_owned(),
+            Column::ThreadTasks => format!("thread ×{tasks}"),
         }
     }
 
     /// The writer tasks (or threads) it runs.
     fn tasks(self, tasks: usize) -> usize {
         match self {
-            Column::WritePathTasks => tasks,
+            Column::WritePathTasks | Column::ThreadTasks => tasks,
             _ => 1,
         }
     }
@@ -315,6 +326,39 @@ async fn put_write_path(writes: &WritePool, put: &Put<'_>) -> Result<(), sqlx::E
     let mut tx = writes.begin().await?;
     put_sqlx(&mut tx, put).await?;
     tx.commit().await
+}
+
+/// The transaction on the writer thread (`WriteThread`): the same statements as rusqlite's,
+/// from the writer connection's cache, in a closure the writer thread runs in its turn; `Ok`
+/// once committed and (at `FULL`, group commit) durable.
+async fn put_thread(
+    writes: &WriteThread,
+    task: usize,
+    n: u64,
+    data: Arc<str>,
+) -> Result<(), rusqlite::Error> {
+    writes
+        .transaction(move |tx| {
+            let put = Put::new(task, n, &data);
+            let token: i64 = tx
+                .prepare_cached(READ_TOKEN)?
+                .query_row([put.collection], |row| row.get(0))?;
+            tx.prepare_cached(UPSERT)?.execute(rusqlite::params![
+                put.collection,
+                put.name,
+                put.etag,
+                put.data
+            ])?;
+            tx.prepare_cached(BUMP_TOKEN)?
+                .execute(rusqlite::params![token + 1, put.collection])?;
+            tx.prepare_cached(LOG_CHANGE)?.execute(rusqlite::params![
+                put.collection,
+                put.name,
+                token + 1
+            ])?;
+            Ok(())
+        })
+        .await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -587,6 +631,63 @@ async fn write_path_column(
     Ok(measured)
 }
 
+/// `thread` (`tasks` 1) and `thread ×N`: `WriteThread::open_with` at `level` (group commit
+/// on, its default; `foreign_keys` on, as the others have it), `tasks` tasks on the runtime,
+/// each writing in a loop.
+async fn thread_column(
+    path: &Path,
+    level: Level,
+    window: Duration,
+    data: Arc<str>,
+    tasks: usize,
+) -> Result<Measured, BoxError> {
+    let options = WriteThreadOptions::default().busy_timeout(BUSY_TIMEOUT);
+    let options = match level {
+        Level::Full => options,
+        Level::Normal => options.synchronous_normal(),
+    };
+    let writes = WriteThread::open_with(path, options, |conn| {
+        conn.execute_batch("PRAGMA foreign_keys = ON")
+    })?;
+    for n in 0..WARMUP {
+        put_thread(&writes, 0, n, data.clone()).await?;
+    }
+    let before = writes.stats();
+    let clock = Clock::start();
+    let end = clock.start + window;
+    let mut set = tokio::task::JoinSet::new();
+    for task in 0..tasks {
+        let (writes, data) = (writes.clone(), data.clone());
+        set.spawn(async move {
+            let first = if task == 0 { WARMUP } else { 0 };
+            let mut n = first;
+            while Instant::now() < end {
+                put_thread(&writes, task, n, data.clone()).await?;
+                n += 1;
+            }
+            Ok::<_, rusqlite::Error>(n - first)
+        });
+    }
+    let mut transactions = 0;
+    while let Some(done) = set.join_next().await {
+        transactions += done??;
+    }
+    let mut measured = clock.stop(transactions);
+    let after = writes.stats();
+    if after.sync_errors != before.sync_errors {
+        return Err(format!(
+            "{} failed syncs of the WAL",
+            after.sync_errors - before.sync_errors
+        )
+        .into());
+    }
+    if after.syncs > before.syncs {
+        measured.syncs = Some((after.syncs - before.syncs, after.synced - before.synced));
+    }
+    drop(writes);
+    Ok(measured)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Cells, rounds, summary
 
@@ -638,6 +739,9 @@ fn run_cell(
         Column::Sqlx => rt.block_on(sqlx_column(&path, level, window, data.clone()))?,
         Column::WritePath | Column::WritePathTasks => {
             rt.block_on(write_path_column(&path, level, window, data.clone(), tasks))?
+        }
+        Column::Thread | Column::ThreadTasks => {
+            rt.block_on(thread_column(&path, level, window, data.clone(), tasks))?
         }
     };
     check(&path, settings.seed, WARMUP + measured.transactions).map_err(|e| {

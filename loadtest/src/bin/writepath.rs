@@ -30,6 +30,7 @@
 //! | `layer-write-group` | the write path as `WritePool::new` makes it: group commit on (the default) |
 //! | `layer-write-read-limit` | `layer-write` (no groups) with a read limit (`ReadLimit`) of one read per core while writers wait |
 //! | `layer-write-group-read-limit` | `layer-write-group` with the same read limit |
+//! | `layer-thread` | `SqliteRetryLayer` and rusqlite's write path (`WriteThread`, group commit on): the transaction a closure run on the writer thread; reads on the sqlx pool |
 //!
 //! **Client**: a closed loop (like `wrk`) of `--connections` keep-alive HTTP/1.1 connections in
 //! this process, each sending its next request when the previous answer is read; `--warmup`
@@ -76,6 +77,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Sqlite, SqliteConnection, SqlitePool, Transaction};
 use tokio::net::TcpStream;
+use tower_sqlite_retry::write::{WriteThread, WriteThreadOptions};
 use tower_sqlite_retry::{DbError, RetryPolicy, SqliteRetryLayer, WritePool, WriteTransaction};
 
 #[path = "../chart.rs"]
@@ -104,6 +106,9 @@ enum Config {
     LayerWriteReadLimit,
     /// `layer-write-group` with the read limit.
     LayerWriteGroupReadLimit,
+    /// The layer and rusqlite's write path (`WriteThread`): the transaction a closure on the
+    /// writer thread, group commit on; reads on the sqlx pool.
+    LayerThread,
 }
 
 impl Config {
@@ -118,6 +123,7 @@ impl Config {
             Config::LayerWriteGroup => "layer-write-group",
             Config::LayerWriteReadLimit => "layer-write-read-limit",
             Config::LayerWriteGroupReadLimit => "layer-write-group-read-limit",
+            Config::LayerThread => "layer-thread",
         }
     }
 }
@@ -234,6 +240,11 @@ enum Db {
     TwoPool { read: SqlitePool, write: SqlitePool },
     /// The write path.
     Write(WritePool),
+    /// rusqlite's write path; reads on `reads`.
+    Thread {
+        writes: WriteThread,
+        reads: SqlitePool,
+    },
 }
 
 enum Tx {
@@ -263,6 +274,7 @@ impl Db {
             Db::Plain { pool, .. } => pool,
             Db::TwoPool { read, .. } => read,
             Db::Write(w) => w.pool(),
+            Db::Thread { reads, .. } => reads,
         }
     }
 
@@ -278,6 +290,7 @@ impl Db {
             } => Tx::Sqlx(pool.begin_with("BEGIN IMMEDIATE").await?),
             Db::TwoPool { write, .. } => Tx::Sqlx(write.begin_with("BEGIN IMMEDIATE").await?),
             Db::Write(w) => Tx::Write(w.begin().await?),
+            Db::Thread { .. } => unreachable!("the writer thread takes a closure"),
         })
     }
 }
@@ -311,6 +324,31 @@ async fn put_object(
 ) -> Result<(StatusCode, Json<(i64, i64)>), DbError> {
     let etag = prepare(&body, app.prep_rounds) as i64;
     let object: Object = serde_json::from_slice(&body).map_err(DbError::internal)?;
+    if let Db::Thread { writes, reads } = &app.db {
+        let stored = name.clone();
+        let token = writes
+            .transaction(move |tx| {
+                let token: i64 = tx
+                    .prepare_cached("SELECT token FROM collections WHERE id = ?")?
+                    .query_row([collection], |row| row.get(0))?;
+                tx.prepare_cached(
+                    "INSERT INTO objects (collection, name, etag, data) VALUES (?, ?, ?, ?)
+                     ON CONFLICT (collection, name) DO UPDATE SET etag = excluded.etag, data = excluded.data",
+                )?
+                .execute(rusqlite::params![collection, stored, etag, object.data])?;
+                tx.prepare_cached("UPDATE collections SET token = ? WHERE id = ?")?
+                    .execute(rusqlite::params![token + 1, collection])?;
+                tx.prepare_cached("INSERT INTO changes (collection, name, token) VALUES (?, ?, ?)")?
+                    .execute(rusqlite::params![collection, stored, token + 1])?;
+                Ok::<_, rusqlite::Error>(token)
+            })
+            .await?;
+        let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM objects WHERE collection = ?")
+            .bind(collection)
+            .fetch_one(reads)
+            .await?;
+        return Ok((StatusCode::CREATED, Json((token + 1, count))));
+    }
     let mut tx = app.db.begin().await?;
     let token: i64 = sqlx::query_scalar("SELECT token FROM collections WHERE id = ?")
         .bind(collection)
@@ -474,6 +512,24 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
             Config::LayerWriteGroup | Config::LayerWriteGroupReadLimit => {
                 Db::Write(WritePool::new(open_pool(path, pool_size).await?).group_commit(true))
             }
+            Config::LayerThread => {
+                let options = WriteThreadOptions::default();
+                let options = if FULL.load(std::sync::atomic::Ordering::Relaxed) {
+                    options
+                } else {
+                    options.synchronous_normal()
+                };
+                let checkpoint =
+                    std::env::var("WRITEPATH_AUTOCHECKPOINT").unwrap_or_else(|_| "1000".to_owned());
+                Db::Thread {
+                    writes: WriteThread::open_with(path, options, |conn| {
+                        conn.execute_batch(&format!(
+                            "PRAGMA foreign_keys = ON; PRAGMA wal_autocheckpoint = {checkpoint}"
+                        ))
+                    })?,
+                    reads: open_pool(path, pool_size).await?,
+                }
+            }
             Config::LayerWriteShared => Db::Write(
                 WritePool::new(open_pool(path, pool_size).await?)
                     .writer(tower_sqlite_retry::write::WriterConnection::FromPool)
@@ -499,6 +555,7 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
                 | Config::LayerWriteGroup
                 | Config::LayerWriteReadLimit
                 | Config::LayerWriteGroupReadLimit
+                | Config::LayerThread
         ) {
             // The read limit is the layer's default: the configurations without one turn it
             // off, those with one set it as the default does (one read per core).
