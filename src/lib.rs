@@ -114,6 +114,7 @@
 //! | `mysql` | MySQL/MariaDB error numbers, in whichever sqlx versions are on |
 //! | `metrics` | metrics through the [`metrics`](https://docs.rs/metrics) facade |
 //! | `sqlite-write` | the write path for sqlx 0.9 and SQLite ([`WritePool`](write/index.html)): the transaction queues for its turn per database file, begins `IMMEDIATE` and fences the request at commit; no SQLite library chosen |
+//! | `diesel-write` | the same writer thread for Diesel's `SqliteConnection` (`write::DieselWriteThread`; Diesel's `sqlite` backend) |
 //! | `rusqlite-write` | the write path for rusqlite (`write::WriteThread`): each write transaction, a closure, runs on the database's writer thread, in the file's turn, with group commit; rusqlite as `rusqlite` takes it |
 //!
 //! # Semver and dependencies
@@ -211,6 +212,12 @@ pub mod __private {
         writes.hold_fsync(held)
     }
 
+    /// `hold_thread_fsync` for Diesel's writer thread.
+    #[cfg(feature = "diesel-write")]
+    pub fn hold_diesel_thread_fsync(writes: &crate::write::DieselWriteThread, held: bool) -> bool {
+        writes.hold_fsync(held)
+    }
+
     /// How many writer connections group commit saw opened (0 where it shares no fsync).
     #[cfg(feature = "sqlite-write")]
     pub fn writer_connections_opened(pool: &crate::WritePool) -> u64 {
@@ -274,6 +281,19 @@ mod traits {
         assert_send::<Retried>();
         assert_sync::<Retried>();
         let _ = |_: Request<Body>| ();
+    }
+
+    /// Diesel's writer thread, likewise.
+    #[cfg(feature = "diesel-write")]
+    #[allow(dead_code)]
+    fn diesel_write_thread_traits() {
+        assert_send::<write::DieselWriteThread>();
+        assert_sync::<write::DieselWriteThread>();
+        fn transaction_is_send(writes: &write::DieselWriteThread) -> impl Send + '_ {
+            use diesel::connection::SimpleConnection;
+            writes.transaction(|conn| conn.batch_execute("SELECT 1"))
+        }
+        let _ = transaction_is_send;
     }
 
     /// The rusqlite write path: the writer and its options cross threads, and so does the

@@ -114,7 +114,7 @@ mod chain;
 mod coded;
 pub(crate) mod db_error;
 #[cfg(feature = "diesel")]
-mod diesel;
+pub(crate) mod diesel;
 mod driver;
 #[cfg(feature = "libsql")]
 mod libsql;

@@ -490,7 +490,7 @@ mod session;
 #[cfg(feature = "sqlite-write")]
 mod sqlx;
 mod stats;
-#[cfg(feature = "rusqlite-write")]
+#[cfg(any(feature = "rusqlite-write", feature = "diesel-write"))]
 mod thread;
 mod transaction;
 mod turn;
@@ -506,9 +506,18 @@ pub use failed::GroupCommitFailed;
 pub use pool::WriterConnection;
 pub use queue::{TurnError, WriteQueue, WriteTurn};
 pub use stats::WriteStats;
+#[cfg(any(feature = "rusqlite-write", feature = "diesel-write"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "rusqlite-write", feature = "diesel-write")))
+)]
+pub use thread::WriteThreadOptions;
+#[cfg(feature = "diesel-write")]
+#[cfg_attr(docsrs, doc(cfg(feature = "diesel-write")))]
+pub use thread::on_diesel::DieselWriteThread;
 #[cfg(feature = "rusqlite-write")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rusqlite-write")))]
-pub use thread::{WriteThread, WriteThreadOptions};
+pub use thread::on_rusqlite::WriteThread;
 
 /// The one implementation of the write path, generic over the driver: what
 /// `tower-sqlite-retry-sqlx08` builds sqlx 0.8's `WritePool` on, through `crate::__private`.

@@ -185,7 +185,7 @@ impl Queue {
 
     /// The turn at once if it is free (a writer's, counted as [`take`](Self::take) counts it),
     /// with no await: what a writer thread asks before it waits.
-    #[cfg(feature = "rusqlite-write")]
+    #[cfg(any(feature = "rusqlite-write", feature = "diesel-write"))]
     pub(crate) fn try_take(
         self: &Arc<Self>,
         request: Option<Arc<RequestState>>,

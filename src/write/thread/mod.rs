@@ -1,4 +1,8 @@
-//! The write path for rusqlite: each write transaction runs on the database's writer thread.
+//! The writer thread: the write path for synchronous drivers (rusqlite: `on_rusqlite.rs`,
+//! Diesel: `on_diesel.rs`), each write transaction a closure run on the database's writer
+//! thread. This file is the part every driver shares: the channel, the turn, the fence, the
+//! deadline and cancellation, group commit's fsync thread; a driver's part runs `BEGIN
+//! IMMEDIATE`, the closure and `COMMIT` and says what came of it (`Ran`).
 //!
 //! ```text
 //!  handler tasks                 writer thread (owns the connection)        fsync thread
@@ -32,12 +36,10 @@
 //!   stopped waiting (the request dropped), before its turn never runs; one that started runs
 //!   to its end, and its transaction is counted whether or not anyone hears of it.
 
-use std::os::raw::c_int;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
 use std::time::Duration;
 
-use rusqlite::{Connection, Transaction, TransactionBehavior};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -50,76 +52,54 @@ use super::stats::WriteStats;
 use super::turn::{Queue, Turn};
 use super::wal::Wal;
 
+#[cfg(feature = "diesel-write")]
+pub(crate) mod on_diesel;
+#[cfg(feature = "rusqlite-write")]
+pub(crate) mod on_rusqlite;
+
 /// A closure on its way to the writer thread, typed away.
-type Job = Box<dyn FnOnce(&mut Writer) + Send>;
+type Job<C> = Box<dyn FnOnce(&mut Writer<C>) + Send>;
 
 /// What a committed closure's caller is told once its fsync ran.
 type Deliver = Box<dyn FnOnce(Result<(), GroupCommitFailed>) + Send>;
 
-/// The writer thread of one SQLite database file, for rusqlite: write transactions run on it,
-/// one after the other, each a closure given the transaction (`BEGIN IMMEDIATE` already run).
-///
-/// With sqlx every statement is a round trip to the connection's worker thread, and the turn
-/// passes between writers through a wake-up of the next handler's task. Here the handler's
-/// transaction body goes, as a closure, to the thread that owns the writer connection, which
-/// runs the closures in the order they came, each in its own `BEGIN IMMEDIATE` … `COMMIT`: the
-/// turn passes from one to the next on that thread, with nothing in between. As on the sqlx
-/// write path ([`WritePool`](crate::write)):
-///
-/// - **The turn is the file's**: taken for each closure, shared with every `WritePool` and
-///   `WriteQueue` on the file in this process, first come first served; [`stats`](Self::stats),
-///   the slow-transaction report and the metrics count each closure as a transaction.
-/// - **The fence**: a request whose `COMMIT` went through is never replayed.
-/// - **Group commit** (WAL at `FULL`, on by default): the connection runs at `NORMAL`, and a
-///   closure's value comes back once an fsync of the WAL that started after its `COMMIT`
-///   completed; the fsyncs run on a thread of their own, shared by every closure that committed
-///   while one ran. Each closure is its own SQLite transaction, all-or-nothing and blind to
-///   another's failure. After a failed sync of the WAL the file is refused every write until
-///   the process restarts (the [write module's](crate::write#group-commit) "Group commit").
-/// - **Deadline and cancellation**: a closure whose request's deadline passes, or whose caller
-///   stopped waiting, before its turn never runs; one that began runs to its end, and is
-///   counted whether or not anyone hears of it.
-///
-/// Cloning is cheap: every clone hands its closures to the same thread. The threads end once
-/// the last clone is dropped and the closures sent before have run (and their fsync).
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use tower_sqlite_retry::write::WriteThread;
-///
-/// # let dir = tempfile::tempdir()?;
-/// let writes = WriteThread::open(dir.path().join("app.db"))?;
-/// writes
-///     .transaction(|tx| tx.execute_batch("CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT)"))
-///     .await?;
-/// let item = String::from("book");
-/// let id = writes
-///     .transaction(move |tx| {
-///         tx.execute("INSERT INTO orders (item) VALUES (?1)", [&item])?;
-///         Ok::<_, rusqlite::Error>(tx.last_insert_rowid())
-///     })
-///     .await?; // Ok once committed and durable
-/// assert_eq!(id, 1);
-/// # Ok(())
-/// # }
-/// ```
-#[derive(Clone)]
-pub struct WriteThread {
-    jobs: mpsc::Sender<Job>,
-    queue: Arc<Queue>,
-    path: PathBuf,
-    /// Group commit's fsync thread, for the test seam.
-    fsync: Option<Arc<Fsync>>,
+/// What a closure's transaction came to on the writer thread: the driver's part of the work
+/// (`BEGIN IMMEDIATE`, the closure, `COMMIT` or `ROLLBACK`) tells the writer's part (the turn,
+/// the fence, the fsync, the answer).
+pub(super) enum Ran<T, E> {
+    /// Committed.
+    Committed(T),
+    /// Nothing committed: the closure's error (rolled back), or the transaction's, counted at
+    /// `stage` (`None`: the closure's own); `disk` when the `COMMIT` met an I/O error (a sync
+    /// of the WAL in it failed).
+    Failed {
+        error: E,
+        stage: Option<WriteStage>,
+        disk: bool,
+    },
+    /// The closure ended the transaction itself (a raw `COMMIT` or `ROLLBACK`): what it wrote
+    /// may have committed, outside the write path.
+    EndedInside(E),
 }
 
-/// How [`WriteThread::open_with`] opens and runs the writer connection.
+/// The errors the writer thread gives, in the driver's type.
+pub(super) struct Errors<E> {
+    /// The turn not reached within the request's deadline (retryable).
+    pub(super) timed_out: fn() -> E,
+    /// Committed, not known durable; or refused (never retryable).
+    pub(super) not_durable: fn(GroupCommitFailed) -> E,
+    /// A misuse, or the writer thread gone.
+    pub(super) misuse: fn(&str) -> E,
+}
+
+/// How the writer thread opens and runs its connection (`WriteThread::open_with`,
+/// `DieselWriteThread::open_with`).
 #[derive(Clone, Debug)]
 pub struct WriteThreadOptions {
-    busy_timeout: Duration,
-    group_commit: bool,
-    full: bool,
-    slow: Option<Duration>,
+    pub(super) busy_timeout: Duration,
+    pub(super) group_commit: bool,
+    pub(super) full: bool,
+    pub(super) slow: Option<Duration>,
 }
 
 impl Default for WriteThreadOptions {
@@ -163,64 +143,67 @@ impl WriteThreadOptions {
         self.slow = Some(slow);
         self
     }
-}
 
-impl WriteThread {
-    /// Opens the database file at `path` (created if missing) in WAL mode at
-    /// `synchronous = FULL`, with group commit, on a writer thread of its own: see
-    /// [`open_with`](Self::open_with).
-    pub fn open(path: impl AsRef<Path>) -> Result<Self, rusqlite::Error> {
-        Self::open_with(path, WriteThreadOptions::default(), |_| Ok(()))
+    /// Whether the fsync is shared, for a connection in `wal` mode on `file` ("" in memory).
+    pub(super) fn shares_fsync(&self, wal: bool, file: &str) -> bool {
+        self.group_commit && self.full && wal && !file.is_empty()
     }
 
-    /// Opens the database file at `path` for writing: a connection in WAL mode, `setup` run on
-    /// it (pragmas such as `foreign_keys`; it must not change `journal_mode` or `synchronous`,
-    /// which are the writer's), then moved to a thread of its own, which runs every closure
-    /// given to [`transaction`](Self::transaction). Reads go through the application's own
-    /// connections, as before. Call it within a tokio runtime: a closure that must wait for a
-    /// turn held elsewhere in the process (an sqlx `WritePool` on the same file) waits on it.
-    pub fn open_with(
-        path: impl AsRef<Path>,
-        options: WriteThreadOptions,
-        setup: impl FnOnce(&mut Connection) -> Result<(), rusqlite::Error>,
-    ) -> Result<Self, rusqlite::Error> {
-        let path = path.as_ref().to_owned();
-        let mut conn = Connection::open(&path)?;
-        conn.busy_timeout(options.busy_timeout)?;
-        conn.execute_batch("PRAGMA journal_mode = WAL")?;
-        setup(&mut conn)?;
-        // The file SQLite opened ("" in memory: no file, no WAL, nothing to share), and
-        // whether it is in WAL mode now (a file system without shared memory refuses it).
-        let no_params: &[&dyn rusqlite::types::ToSql] = &[];
-        let file: String = conn.query_row(
-            "SELECT file FROM pragma_database_list WHERE name = 'main'",
-            no_params,
-            |row| row.get(0),
-        )?;
-        let mode: String = conn.query_row("PRAGMA journal_mode", no_params, |row| row.get(0))?;
-        let wal = mode.eq_ignore_ascii_case("wal");
-        let shared = options.group_commit && options.full && wal && !file.is_empty();
-        conn.execute_batch(if options.full && !shared {
+    /// The `PRAGMA` the writer connection runs at, given whether the fsync is shared.
+    pub(super) fn synchronous_pragma(&self, shared: bool) -> &'static str {
+        if self.full && !shared {
             "PRAGMA synchronous = FULL"
         } else {
             "PRAGMA synchronous = NORMAL"
-        })?;
+        }
+    }
+}
+
+/// One writer thread (and its fsync thread), whatever the driver: the channel its closures
+/// go through, the file's turn, and group commit's fsync.
+pub(super) struct Core<C> {
+    jobs: mpsc::Sender<Job<C>>,
+    queue: Arc<Queue>,
+    path: PathBuf,
+    /// Group commit's fsync thread, for the test seam.
+    fsync: Option<Arc<Fsync>>,
+}
+
+impl<C> Clone for Core<C> {
+    fn clone(&self) -> Self {
+        Self {
+            jobs: self.jobs.clone(),
+            queue: Arc::clone(&self.queue),
+            path: self.path.clone(),
+            fsync: self.fsync.clone(),
+        }
+    }
+}
+
+impl<C: Send + 'static> Core<C> {
+    /// Moves `conn` (set up, at the level `shared` asks for) to a writer thread of its own.
+    /// `file`: the database file as SQLite names it ("" in memory); `shared`: group commit
+    /// shares the WAL's fsync, on a second thread. `Err`: why not.
+    pub(super) fn start(
+        conn: C,
+        path: PathBuf,
+        file: &str,
+        shared: bool,
+        slow: Option<Duration>,
+    ) -> Result<Self, String> {
         let queue = if file.is_empty() {
             Queue::of_private(Arc::new(()))
         } else {
-            Queue::of_file(Path::new(&file))
+            Queue::of_file(Path::new(file))
         };
         let fsync = if shared {
-            let mut wal_path = std::ffi::OsString::from(&file);
+            let mut wal_path = std::ffi::OsString::from(file);
             wal_path.push("-wal");
             let wal_path = PathBuf::from(wal_path);
             let wal = Wal::open(&wal_path).map_err(|e| {
-                failure(
-                    libsqlite3_sys::SQLITE_IOERR,
-                    format!(
-                        "the WAL ({}) could not be opened for group commit's fsync: {e}",
-                        wal_path.display()
-                    ),
+                format!(
+                    "the WAL ({}) could not be opened for group commit's fsync: {e}",
+                    wal_path.display()
                 )
             })?;
             Some(Arc::new(Fsync {
@@ -233,21 +216,22 @@ impl WriteThread {
         } else {
             None
         };
-        let (jobs, received) = mpsc::channel::<Job>();
+        let (jobs, received) = mpsc::channel::<Job<C>>();
         let writer = Writer {
             conn,
             queue: Arc::clone(&queue),
             runtime: tokio::runtime::Handle::try_current().ok(),
             fsync: fsync.clone(),
-            slow: options.slow,
+            slow,
         };
         let name = format!("tsr-writer:{}", queue.database());
+        let no_thread = |e: std::io::Error| format!("no thread for the writer: {e}");
         if let Some(fsync) = fsync.clone() {
             let closing = Arc::clone(&fsync);
             std::thread::Builder::new()
                 .name(format!("tsr-fsync:{}", queue.database()))
                 .spawn(move || fsync.run())
-                .map_err(|e| failure(libsqlite3_sys::SQLITE_MISUSE, format!("no thread: {e}")))?;
+                .map_err(no_thread)?;
             std::thread::Builder::new()
                 .name(name)
                 .spawn(move || {
@@ -255,12 +239,12 @@ impl WriteThread {
                     // The writer is gone: the fsync thread answers whatever waits, and ends.
                     closing.close();
                 })
-                .map_err(|e| failure(libsqlite3_sys::SQLITE_MISUSE, format!("no thread: {e}")))?;
+                .map_err(no_thread)?;
         } else {
             std::thread::Builder::new()
                 .name(name)
                 .spawn(move || writer.serve(received))
-                .map_err(|e| failure(libsqlite3_sys::SQLITE_MISUSE, format!("no thread: {e}")))?;
+                .map_err(no_thread)?;
         }
         Ok(Self {
             jobs,
@@ -270,65 +254,52 @@ impl WriteThread {
         })
     }
 
-    /// Runs `f` in a write transaction on the writer thread: in this database's turn, after
-    /// `BEGIN IMMEDIATE`, then `COMMIT` if `f` returned `Ok` (`ROLLBACK` if it returned `Err`).
-    /// The value once committed and, with group commit, durable; otherwise the error: `f`'s,
-    /// or the transaction's as a `rusqlite::Error`, which `DbError` and the classifiers take
-    /// as any other:
-    ///
-    /// - the turn not reached within the request's deadline: `SQLITE_BUSY` (retryable: the
-    ///   layer replays the request while its deadline allows); `f` never ran;
-    /// - the fsync of the WAL failed, or an earlier one did (the file is refused):
-    ///   `SQLITE_IOERR_FSYNC`, never retryable (committed, not known durable);
-    /// - `f` ended the transaction itself (a raw `COMMIT` or `ROLLBACK`), a second
-    ///   transaction begun while the request holds this database's turn, or the writer thread
-    ///   gone: `SQLITE_MISUSE`.
-    ///
-    /// A `COMMIT` that went through fences the current request (it is never replayed). If the
-    /// caller stops waiting (its future dropped) before `f` began, `f` never runs; once it
-    /// began, it runs to its end, and its transaction is counted.
-    pub async fn transaction<T, E, F>(&self, f: F) -> Result<T, E>
+    /// Runs `body` (the driver's transaction around the closure) on the writer thread, in the
+    /// file's turn: its value once committed and, with group commit, durable.
+    pub(super) async fn transaction<T, E>(
+        &self,
+        body: impl FnOnce(&mut C) -> Ran<T, E> + Send + 'static,
+        errors: Errors<E>,
+    ) -> Result<T, E>
     where
-        F: FnOnce(&mut Transaction<'_>) -> Result<T, E> + Send + 'static,
         T: Send + 'static,
-        E: From<rusqlite::Error> + Send + 'static,
+        E: Send + 'static,
     {
         let request = current_request();
         if self.queue.is_held_by(request.as_ref()) {
-            return Err(E::from(failure(
-                libsqlite3_sys::SQLITE_MISUSE,
+            return Err((errors.misuse)(
                 "this request holds a write transaction on this database already: a second \
-                 one would wait for itself"
-                    .to_owned(),
-            )));
+                 one would wait for itself",
+            ));
         }
         let deadline = request.as_ref().and_then(|r| r.deadline());
         let (answer, answered) = oneshot::channel::<Result<T, E>>();
-        let job: Job = Box::new(move |writer: &mut Writer| {
-            writer.run(request, deadline, f, answer);
+        let misuse = errors.misuse;
+        let job: Job<C> = Box::new(move |writer: &mut Writer<C>| {
+            writer.run(request, deadline, body, errors, answer);
         });
         if self.jobs.send(job).is_err() {
-            return Err(E::from(gone()));
+            return Err(misuse(GONE));
         }
         match answered.await {
             Ok(result) => result,
-            Err(_) => Err(E::from(gone())),
+            Err(_) => Err(misuse(GONE)),
         }
     }
 
     /// The turn's counts now (this file's: every writer on it in this process).
-    pub fn stats(&self) -> WriteStats {
+    pub(super) fn stats(&self) -> WriteStats {
         self.queue.stats()
     }
 
     /// The database file this writer writes.
-    pub fn path(&self) -> &Path {
+    pub(super) fn path(&self) -> &Path {
         &self.path
     }
 
     /// Test seam (`crate::__private::hold_thread_fsync`): while `held`, no fsync starts
     /// (closures commit, and wait for it). `false` if the fsync is not shared.
-    pub(crate) fn hold_fsync(&self, held: bool) -> bool {
+    pub(super) fn hold_fsync(&self, held: bool) -> bool {
         let Some(fsync) = &self.fsync else {
             return false;
         };
@@ -338,33 +309,11 @@ impl WriteThread {
     }
 }
 
-impl std::fmt::Debug for WriteThread {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WriteThread")
-            .field("path", &self.path)
-            .finish_non_exhaustive()
-    }
-}
-
-/// A `rusqlite::Error` as SQLite would give it, with a message of the crate's.
-fn failure(code: c_int, message: String) -> rusqlite::Error {
-    rusqlite::Error::SqliteFailure(libsqlite3_sys::Error::new(code), Some(message))
-}
-
-fn gone() -> rusqlite::Error {
-    failure(
-        libsqlite3_sys::SQLITE_MISUSE,
-        "the writer thread is gone (it panicked, or the process is ending)".to_owned(),
-    )
-}
-
-fn not_durable(failed: GroupCommitFailed) -> rusqlite::Error {
-    failure(libsqlite3_sys::SQLITE_IOERR_FSYNC, failed.to_string())
-}
+const GONE: &str = "the writer thread is gone (it panicked, or the process is ending)";
 
 /// The writer thread's side: the connection, and what each closure needs.
-struct Writer {
-    conn: Connection,
+struct Writer<C> {
+    conn: C,
     queue: Arc<Queue>,
     /// For a closure that must wait for a turn held elsewhere in the process.
     runtime: Option<tokio::runtime::Handle>,
@@ -373,9 +322,9 @@ struct Writer {
     slow: Option<Duration>,
 }
 
-impl Writer {
+impl<C> Writer<C> {
     /// Runs the closures in the order they were sent, until every sender is gone.
-    fn serve(mut self, jobs: mpsc::Receiver<Job>) {
+    fn serve(mut self, jobs: mpsc::Receiver<Job<C>>) {
         while let Ok(job) = jobs.recv() {
             job(&mut self);
         }
@@ -392,38 +341,32 @@ impl Writer {
     }
 
     /// One closure, from its turn to its answer.
-    fn run<T, E, F>(
+    fn run<T, E>(
         &mut self,
         request: Option<Arc<RequestState>>,
         deadline: Option<Instant>,
-        f: F,
+        body: impl FnOnce(&mut C) -> Ran<T, E>,
+        errors: Errors<E>,
         answer: oneshot::Sender<Result<T, E>>,
     ) where
-        F: FnOnce(&mut Transaction<'_>) -> Result<T, E> + Send + 'static,
         T: Send + 'static,
-        E: From<rusqlite::Error> + Send + 'static,
+        E: Send + 'static,
     {
         // Nobody waits any more: it never runs.
         if answer.is_closed() {
             return;
         }
         let past = |d: Instant| Instant::now() >= d;
-        let timed_out = || {
-            E::from(failure(
-                libsqlite3_sys::SQLITE_BUSY,
-                "the write turn was not reached within the request's deadline".to_owned(),
-            ))
-        };
         let database = Arc::clone(self.queue.database());
         let failed = |stage: WriteStage| recorder::write_error(Some(&database), stage);
         if deadline.is_some_and(past) {
             failed(WriteStage::Turn);
-            let _ = answer.send(Err(timed_out()));
+            let _ = answer.send(Err((errors.timed_out)()));
             return;
         }
         let Some(turn) = self.turn(request.clone(), deadline) else {
             failed(WriteStage::Turn);
-            let _ = answer.send(Err(timed_out()));
+            let _ = answer.send(Err((errors.timed_out)()));
             return;
         };
         // The wait may have been long: a caller gone meanwhile, or a deadline passed, and it
@@ -434,80 +377,38 @@ impl Writer {
         if deadline.is_some_and(past) {
             drop(turn);
             failed(WriteStage::Turn);
-            let _ = answer.send(Err(timed_out()));
+            let _ = answer.send(Err((errors.timed_out)()));
             return;
         }
         if let Some(why) = self.queue.refused() {
             drop(turn);
             failed(WriteStage::Begin);
             let refused = GroupCommitFailed::refused(why.to_string());
-            let _ = answer.send(Err(E::from(not_durable(refused))));
+            let _ = answer.send(Err((errors.not_durable)(refused)));
             return;
         }
-        let mut tx = match self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-        {
-            Ok(tx) => tx,
-            Err(error) => {
-                drop(turn);
-                failed(WriteStage::Begin);
-                let _ = answer.send(Err(E::from(error)));
-                return;
-            }
-        };
-        let value = match f(&mut tx) {
-            Ok(value) => value,
-            Err(error) => {
-                // `Transaction`'s drop rolls back (whatever `f` left open).
-                drop(tx);
-                drop(turn);
-                let _ = answer.send(Err(error));
-                return;
-            }
-        };
-        if tx.is_autocommit() {
-            // `f` ended the transaction itself: what it wrote may have committed, outside the
-            // write path.
-            drop(tx);
-            if let Some(request) = &request {
-                request.fence();
-            }
-            drop(turn);
-            failed(WriteStage::Commit);
-            let _ = answer.send(Err(E::from(failure(
-                libsqlite3_sys::SQLITE_MISUSE,
-                "the transaction was ended inside the closure (a raw COMMIT or ROLLBACK): \
-                 its writes may have committed outside the write path"
-                    .to_owned(),
-            ))));
-            return;
-        }
-        match tx.commit() {
-            Ok(()) => {
+        // NOTE: the turn is held across the whole transaction, and dropped (the next writer
+        // may begin) only once it ended.
+        match body(&mut self.conn) {
+            Ran::Committed(value) => {
                 if let Some(request) = &request {
                     request.fence();
                 }
                 // The next closure may run: this one's commit is done, its turn over.
                 drop(turn);
+                let not_durable = errors.not_durable;
                 match &self.fsync {
                     Some(fsync) => fsync.committed(Box::new(move |durable| {
                         if durable.is_err() {
                             recorder::write_error(Some(&database), WriteStage::Sync);
                         }
-                        let _ = answer.send(
-                            durable
-                                .map(|()| value)
-                                .map_err(|failed| E::from(not_durable(failed))),
-                        );
+                        let _ = answer.send(durable.map(|()| value).map_err(not_durable));
                     })),
                     None => {
                         let answered = match self.queue.refused() {
                             Some(why) => {
-                                recorder::write_error(Some(&database), WriteStage::Sync);
-                                Err(E::from(not_durable(GroupCommitFailed::refused(
-                                    why.to_string(),
-                                ))))
+                                failed(WriteStage::Sync);
+                                Err(not_durable(GroupCommitFailed::refused(why.to_string())))
                             }
                             None => Ok(value),
                         };
@@ -515,18 +416,25 @@ impl Writer {
                     }
                 }
             }
-            Err(error) => {
-                if let Some(fsync) = &self.fsync
-                    && let rusqlite::Error::SqliteFailure(code, _) = &error
-                    && code.extended_code & 0xff == libsqlite3_sys::SQLITE_IOERR
-                {
+            Ran::Failed { error, stage, disk } => {
+                if disk && let Some(fsync) = &self.fsync {
                     fsync.stop(
                         "a COMMIT on the writer connection failed with an I/O error (SQLITE_IOERR)",
                     );
                 }
                 drop(turn);
+                if let Some(stage) = stage {
+                    failed(stage);
+                }
+                let _ = answer.send(Err(error));
+            }
+            Ran::EndedInside(error) => {
+                if let Some(request) = &request {
+                    request.fence();
+                }
+                drop(turn);
                 failed(WriteStage::Commit);
-                let _ = answer.send(Err(E::from(error)));
+                let _ = answer.send(Err(error));
             }
         }
     }

@@ -1,0 +1,224 @@
+//! `WriteThread`: the writer thread for rusqlite.
+
+use std::os::raw::c_int;
+use std::path::Path;
+
+use rusqlite::{Connection, Transaction, TransactionBehavior};
+
+use super::super::failed::GroupCommitFailed;
+use super::super::stats::WriteStats;
+use super::{Core, Errors, Ran, WriteThreadOptions};
+use crate::recorder::WriteStage;
+
+/// The writer thread of one SQLite database file, for rusqlite: write transactions run on it,
+/// one after the other, each a closure given the transaction (`BEGIN IMMEDIATE` already run).
+///
+/// With sqlx every statement is a round trip to the connection's worker thread, and the turn
+/// passes between writers through a wake-up of the next handler's task. Here the handler's
+/// transaction body goes, as a closure, to the thread that owns the writer connection, which
+/// runs the closures in the order they came, each in its own `BEGIN IMMEDIATE` … `COMMIT`: the
+/// turn passes from one to the next on that thread, with nothing in between. As on the sqlx
+/// write path ([`WritePool`](crate::write)):
+///
+/// - **The turn is the file's**: taken for each closure, shared with every `WritePool` and
+///   `WriteQueue` on the file in this process, first come first served; [`stats`](Self::stats),
+///   the slow-transaction report and the metrics count each closure as a transaction.
+/// - **The fence**: a request whose `COMMIT` went through is never replayed.
+/// - **Group commit** (WAL at `FULL`, on by default): the connection runs at `NORMAL`, and a
+///   closure's value comes back once an fsync of the WAL that started after its `COMMIT`
+///   completed; the fsyncs run on a thread of their own, shared by every closure that committed
+///   while one ran. Each closure is its own SQLite transaction, all-or-nothing and blind to
+///   another's failure. After a failed sync of the WAL the file is refused every write until
+///   the process restarts (the [write module's](crate::write#group-commit) "Group commit").
+/// - **Deadline and cancellation**: a closure whose request's deadline passes, or whose caller
+///   stopped waiting, before its turn never runs; one that began runs to its end, and is
+///   counted whether or not anyone hears of it.
+///
+/// Cloning is cheap: every clone hands its closures to the same thread. The threads end once
+/// the last clone is dropped and the closures sent before have run (and their fsync).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_sqlite_retry::write::WriteThread;
+///
+/// # let dir = tempfile::tempdir()?;
+/// let writes = WriteThread::open(dir.path().join("app.db"))?;
+/// writes
+///     .transaction(|tx| tx.execute_batch("CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT)"))
+///     .await?;
+/// let item = String::from("book");
+/// let id = writes
+///     .transaction(move |tx| {
+///         tx.execute("INSERT INTO orders (item) VALUES (?1)", [&item])?;
+///         Ok::<_, rusqlite::Error>(tx.last_insert_rowid())
+///     })
+///     .await?; // Ok once committed and durable
+/// assert_eq!(id, 1);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct WriteThread {
+    core: Core<Connection>,
+}
+
+impl WriteThread {
+    /// Opens the database file at `path` (created if missing) in WAL mode at
+    /// `synchronous = FULL`, with group commit, on a writer thread of its own: see
+    /// [`open_with`](Self::open_with).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, rusqlite::Error> {
+        Self::open_with(path, WriteThreadOptions::default(), |_| Ok(()))
+    }
+
+    /// Opens the database file at `path` for writing: a connection in WAL mode, `setup` run on
+    /// it (pragmas such as `foreign_keys`; it must not change `journal_mode` or `synchronous`,
+    /// which are the writer's), then moved to a thread of its own, which runs every closure
+    /// given to [`transaction`](Self::transaction). Reads go through the application's own
+    /// connections, as before. Call it within a tokio runtime: a closure that must wait for a
+    /// turn held elsewhere in the process (an sqlx `WritePool` on the same file) waits on it.
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        options: WriteThreadOptions,
+        setup: impl FnOnce(&mut Connection) -> Result<(), rusqlite::Error>,
+    ) -> Result<Self, rusqlite::Error> {
+        let path = path.as_ref().to_owned();
+        let mut conn = Connection::open(&path)?;
+        conn.busy_timeout(options.busy_timeout)?;
+        conn.execute_batch("PRAGMA journal_mode = WAL")?;
+        setup(&mut conn)?;
+        // The file SQLite opened ("" in memory: no file, no WAL, nothing to share), and
+        // whether it is in WAL mode now (a file system without shared memory refuses it).
+        let no_params: &[&dyn rusqlite::types::ToSql] = &[];
+        let file: String = conn.query_row(
+            "SELECT file FROM pragma_database_list WHERE name = 'main'",
+            no_params,
+            |row| row.get(0),
+        )?;
+        let mode: String = conn.query_row("PRAGMA journal_mode", no_params, |row| row.get(0))?;
+        let shared = options.shares_fsync(mode.eq_ignore_ascii_case("wal"), &file);
+        conn.execute_batch(options.synchronous_pragma(shared))?;
+        let core = Core::start(conn, path, &file, shared, options.slow)
+            .map_err(|why| failure(libsqlite3_sys::SQLITE_IOERR, why))?;
+        Ok(Self { core })
+    }
+
+    /// Runs `f` in a write transaction on the writer thread: in this database's turn, after
+    /// `BEGIN IMMEDIATE`, then `COMMIT` if `f` returned `Ok` (`ROLLBACK` if it returned `Err`).
+    /// The value once committed and, with group commit, durable; otherwise the error: `f`'s,
+    /// or the transaction's as a `rusqlite::Error`, which `DbError` and the classifiers take
+    /// as any other:
+    ///
+    /// - the turn not reached within the request's deadline: `SQLITE_BUSY` (retryable: the
+    ///   layer replays the request while its deadline allows); `f` never ran;
+    /// - the fsync of the WAL failed, or an earlier one did (the file is refused):
+    ///   `SQLITE_IOERR_FSYNC`, never retryable (committed, not known durable);
+    /// - `f` ended the transaction itself (a raw `COMMIT` or `ROLLBACK`), a second
+    ///   transaction begun while the request holds this database's turn, or the writer thread
+    ///   gone: `SQLITE_MISUSE`.
+    ///
+    /// A `COMMIT` that went through fences the current request (it is never replayed). If the
+    /// caller stops waiting (its future dropped) before `f` began, `f` never runs; once it
+    /// began, it runs to its end, and its transaction is counted.
+    pub async fn transaction<T, E, F>(&self, f: F) -> Result<T, E>
+    where
+        F: FnOnce(&mut Transaction<'_>) -> Result<T, E> + Send + 'static,
+        T: Send + 'static,
+        E: From<rusqlite::Error> + Send + 'static,
+    {
+        let body = move |conn: &mut Connection| -> Ran<T, E> {
+            let mut tx = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
+                Ok(tx) => tx,
+                Err(error) => {
+                    return Ran::Failed {
+                        error: E::from(error),
+                        stage: Some(WriteStage::Begin),
+                        disk: false,
+                    };
+                }
+            };
+            let value = match f(&mut tx) {
+                Ok(value) => value,
+                // `Transaction`'s drop rolls back (whatever `f` left open).
+                Err(error) => {
+                    return Ran::Failed {
+                        error,
+                        stage: None,
+                        disk: false,
+                    };
+                }
+            };
+            if tx.is_autocommit() {
+                return Ran::EndedInside(E::from(failure(
+                    libsqlite3_sys::SQLITE_MISUSE,
+                    "the transaction was ended inside the closure (a raw COMMIT or ROLLBACK): \
+                     its writes may have committed outside the write path"
+                        .to_owned(),
+                )));
+            }
+            match tx.commit() {
+                Ok(()) => Ran::Committed(value),
+                Err(error) => {
+                    let disk = matches!(
+                        &error,
+                        rusqlite::Error::SqliteFailure(code, _)
+                            if code.extended_code & 0xff == libsqlite3_sys::SQLITE_IOERR
+                    );
+                    Ran::Failed {
+                        error: E::from(error),
+                        stage: Some(WriteStage::Commit),
+                        disk,
+                    }
+                }
+            }
+        };
+        self.core.transaction(body, errors::<E>()).await
+    }
+
+    /// The turn's counts now (this file's: every writer on it in this process).
+    pub fn stats(&self) -> WriteStats {
+        self.core.stats()
+    }
+
+    /// The database file this writer writes.
+    pub fn path(&self) -> &Path {
+        self.core.path()
+    }
+
+    /// Test seam (`crate::__private::hold_thread_fsync`).
+    pub(crate) fn hold_fsync(&self, held: bool) -> bool {
+        self.core.hold_fsync(held)
+    }
+}
+
+impl std::fmt::Debug for WriteThread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteThread")
+            .field("path", &self.core.path())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A `rusqlite::Error` as SQLite would give it, with a message of the crate's.
+fn failure(code: c_int, message: String) -> rusqlite::Error {
+    rusqlite::Error::SqliteFailure(libsqlite3_sys::Error::new(code), Some(message))
+}
+
+/// The writer thread's own errors, as rusqlite's with SQLite's codes.
+fn errors<E: From<rusqlite::Error>>() -> Errors<E> {
+    Errors {
+        timed_out: || {
+            E::from(failure(
+                libsqlite3_sys::SQLITE_BUSY,
+                "the write turn was not reached within the request's deadline".to_owned(),
+            ))
+        },
+        not_durable: |failed: GroupCommitFailed| {
+            E::from(failure(
+                libsqlite3_sys::SQLITE_IOERR_FSYNC,
+                failed.to_string(),
+            ))
+        },
+        misuse: |why: &str| E::from(failure(libsqlite3_sys::SQLITE_MISUSE, why.to_owned())),
+    }
+}
