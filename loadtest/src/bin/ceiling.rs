@@ -34,6 +34,7 @@
 //! |---|---|
 //! | `rusqlite` | one `rusqlite::Connection` on the main thread, `transaction_with_behavior(Immediate)`, `prepare_cached`: **the ceiling** |
 //! | `sqlx` | one `SqliteConnection`, `begin_with("BEGIN IMMEDIATE")`, one task: what sqlx adds (its connection's worker thread, the async hand-offs) |
+//! | `sqlx, one query` | the same, the three writes in one `query` (sqlx binds each statement's arguments in turn; the token read-then-write done in SQL): three round trips to the connection's thread instead of six |
 //! | `write path` | `WritePool::new(pool)` as an application makes it (its own writer connection, group commit on), `begin()`, `commit()`, one task: the turn's cost with nobody waiting |
 //! | `write path ×N` | the same with `--tasks` (64) tasks, each in a loop: the turn handed from writer to writer; at `FULL`, group commit shares the fsync (`tx/fsync`) |
 //! | `thread` | `WriteThread::open_with` (rusqlite's write path: each transaction a closure run on the writer thread, in the file's turn, group commit on), one task |
@@ -120,6 +121,14 @@ const UPSERT: &str = "INSERT INTO objects (collection, name, etag, data) VALUES 
 const BUMP_TOKEN: &str = "UPDATE collections SET token = ? WHERE id = ?";
 /// Logs the change under the new token.
 const LOG_CHANGE: &str = "INSERT INTO changes (collection, name, token) VALUES (?, ?, ?)";
+/// The same three writes in one `query` (sqlx binds each statement's arguments in turn): the
+/// read-then-write done in SQL (`token + 1`, and the change logged with the token the row now
+/// has), so that the transaction is one round trip to sqlx's connection thread between its
+/// `BEGIN` and its `COMMIT` instead of four.
+const ONE_QUERY: &str = "INSERT INTO objects (collection, name, etag, data) VALUES (?, ?, ?, ?)
+         ON CONFLICT (collection, name) DO UPDATE SET etag = excluded.etag, data = excluded.data;
+     UPDATE collections SET token = token + 1 WHERE id = ?;
+     INSERT INTO changes (collection, name, token) SELECT ?, ?, token FROM collections WHERE id = ?";
 
 #[derive(Debug, Parser)]
 #[command(name = "ceiling")]
@@ -196,6 +205,8 @@ enum Column {
     Rusqlite,
     /// One sqlx connection, one task.
     Sqlx,
+    /// One sqlx connection, one task, the statements in one `query`.
+    SqlxOneQuery,
     /// `WritePool`, one task.
     WritePath,
     /// `WritePool`, `--tasks` tasks.
@@ -207,9 +218,10 @@ enum Column {
 }
 
 impl Column {
-    const ALL: [Column; 6] = [
+    const ALL: [Column; 7] = [
         Column::Rusqlite,
         Column::Sqlx,
+        Column::SqlxOneQuery,
         Column::WritePath,
         Column::WritePathTasks,
         Column::Thread,
@@ -220,6 +232,7 @@ impl Column {
         match self {
             Column::Rusqlite => "rusqlite".to_owned(),
             Column::Sqlx => "sqlx".to_owned(),
+            Column::SqlxOneQuery => "sqlx, one query".to_owned(),
             Column::WritePath => "write path".to_owned(),
             Column::WritePathTasks => format!("write path ×{tasks}"),
             Column::Thread => "thread".to_owned(),
@@ -317,6 +330,24 @@ async fn put_sqlx(conn: &mut SqliteConnection, put: &Put<'_>) -> Result<(), sqlx
 async fn put_sqlx_tx(conn: &mut SqliteConnection, put: &Put<'_>) -> Result<(), sqlx::Error> {
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
     put_sqlx(&mut tx, put).await?;
+    tx.commit().await
+}
+
+/// The transaction on one sqlx connection in three round trips: `BEGIN IMMEDIATE`, the
+/// statements in one `query`, `COMMIT`.
+async fn put_sqlx_one_query(conn: &mut SqliteConnection, put: &Put<'_>) -> Result<(), sqlx::Error> {
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    sqlx::query(ONE_QUERY)
+        .bind(put.collection)
+        .bind(&put.name)
+        .bind(put.etag)
+        .bind(put.data)
+        .bind(put.collection)
+        .bind(put.collection)
+        .bind(&put.name)
+        .bind(put.collection)
+        .execute(&mut *tx)
+        .await?;
     tx.commit().await
 }
 
@@ -561,6 +592,7 @@ async fn sqlx_column(
     level: Level,
     window: Duration,
     data: Arc<str>,
+    one_query: bool,
 ) -> Result<Measured, BoxError> {
     let mut conn = options(path, level).connect().await?;
     for n in 0..WARMUP {
@@ -571,7 +603,12 @@ async fn sqlx_column(
     let (conn, n) = tokio::spawn(async move {
         let mut n = WARMUP;
         while Instant::now() < end {
-            put_sqlx_tx(&mut conn, &Put::new(0, n, &data)).await?;
+            let put = Put::new(0, n, &data);
+            if one_query {
+                put_sqlx_one_query(&mut conn, &put).await?;
+            } else {
+                put_sqlx_tx(&mut conn, &put).await?;
+            }
             n += 1;
         }
         Ok::<_, sqlx::Error>((conn, n))
@@ -736,7 +773,10 @@ fn run_cell(
     let tasks = column.tasks(settings.tasks);
     let measured = match column {
         Column::Rusqlite => rusqlite_column(&path, level, window, data)?,
-        Column::Sqlx => rt.block_on(sqlx_column(&path, level, window, data.clone()))?,
+        Column::Sqlx => rt.block_on(sqlx_column(&path, level, window, data.clone(), false))?,
+        Column::SqlxOneQuery => {
+            rt.block_on(sqlx_column(&path, level, window, data.clone(), true))?
+        }
         Column::WritePath | Column::WritePathTasks => {
             rt.block_on(write_path_column(&path, level, window, data.clone(), tasks))?
         }
