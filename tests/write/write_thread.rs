@@ -324,3 +324,23 @@ async fn a_committed_closure_is_answered_only_after_its_fsync() {
         .unwrap()
         .expect("answered Ok once its fsync ran");
 }
+
+/// A closure that panics fails its own transaction only (rolled back, its caller told), as a
+/// panicking handler fails its own request: the writer thread goes on with the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closure_that_panics_fails_alone() {
+    let db = TestDb::new();
+    let writes = writer(&db).await;
+    let panicked = writes
+        .transaction(|tx| -> Result<(), rusqlite::Error> {
+            tx.execute("INSERT INTO items (name) VALUES ('panicked')", [])?;
+            panic!("a bug in the closure");
+        })
+        .await;
+    let error = panicked.expect_err("the caller is told");
+    assert!(error.to_string().contains("panicked"), "{error}");
+    insert(&writes, "next")
+        .await
+        .expect("the writer thread goes on");
+    assert_eq!(names(&db), ["next"]);
+}

@@ -60,6 +60,14 @@ pub(crate) mod on_rusqlite;
 /// A closure on its way to the writer thread, typed away.
 type Job<C> = Box<dyn FnOnce(&mut Writer<C>) + Send>;
 
+/// A connection the writer thread owns.
+pub(super) trait Owned: Send + 'static {
+    /// After a closure panicked: the connection made clean (no transaction left open on it,
+    /// as the driver counts it and as SQLite does); `false` if it could not be, and the writer
+    /// thread then ends.
+    fn recover(&mut self) -> bool;
+}
+
 /// What a committed closure's caller is told once its fsync ran.
 type Deliver = Box<dyn FnOnce(Result<(), GroupCommitFailed>) + Send>;
 
@@ -180,7 +188,7 @@ impl<C> Clone for Core<C> {
     }
 }
 
-impl<C: Send + 'static> Core<C> {
+impl<C: Owned> Core<C> {
     /// Moves `conn` (set up, at the level `shared` asks for) to a writer thread of its own.
     /// `file`: the database file as SQLite names it ("" in memory); `shared`: group commit
     /// shares the WAL's fsync, on a second thread. `Err`: why not.
@@ -309,7 +317,8 @@ impl<C: Send + 'static> Core<C> {
     }
 }
 
-const GONE: &str = "the writer thread is gone (it panicked, or the process is ending)";
+const GONE: &str = "the write transaction ended without an answer: its closure panicked on the \
+     writer thread (rolled back), or the writer thread is gone";
 
 /// The writer thread's side: the connection, and what each closure needs.
 struct Writer<C> {
@@ -322,11 +331,31 @@ struct Writer<C> {
     slow: Option<Duration>,
 }
 
-impl<C> Writer<C> {
-    /// Runs the closures in the order they were sent, until every sender is gone.
+impl<C: Owned> Writer<C> {
+    /// Runs the closures in the order they were sent, until every sender is gone. A closure
+    /// that panics fails its own transaction only, as a panicking handler fails its own
+    /// request: unwound here (its turn given back, its transaction rolled back, its caller
+    /// told the writer's error), the connection made clean, and the next closure runs.
     fn serve(mut self, jobs: mpsc::Receiver<Job<C>>) {
         while let Ok(job) = jobs.recv() {
-            job(&mut self);
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut self)));
+            if ran.is_err() {
+                let recovered = self.conn.recover();
+                tracing::error!(
+                    db.namespace = %self.queue.database(),
+                    recovered,
+                    "a write transaction's closure panicked on the writer thread: its \
+                     transaction was rolled back and its caller failed{}",
+                    if recovered {
+                        ""
+                    } else {
+                        "; the connection could not be made clean, and the writer thread ends"
+                    }
+                );
+                if !recovered {
+                    return;
+                }
+            }
         }
     }
 

@@ -10,7 +10,7 @@ use diesel::sqlite::SqliteConnection;
 
 use super::super::failed::GroupCommitFailed;
 use super::super::stats::WriteStats;
-use super::{Core, Errors, Ran, WriteThreadOptions};
+use super::{Core, Errors, Owned, Ran, WriteThreadOptions};
 use crate::recorder::WriteStage;
 
 /// The text SQLite gives every `SQLITE_IOERR*` (`sqlite3ErrStr`), which Diesel passes on as the
@@ -207,6 +207,26 @@ impl std::fmt::Debug for DieselWriteThread {
         f.debug_struct("DieselWriteThread")
             .field("path", &self.core.path())
             .finish_non_exhaustive()
+    }
+}
+
+impl Owned for SqliteConnection {
+    fn recover(&mut self) -> bool {
+        // Nothing rolled back as the closure unwound (Diesel's transaction manager has no
+        // guard): every level it counts is rolled back here, down to none.
+        for _ in 0..64 {
+            let status = AnsiTransactionManager::transaction_manager_status_mut(self);
+            match status.transaction_depth() {
+                Ok(None) => return true,
+                Ok(Some(_)) => {
+                    if AnsiTransactionManager::rollback_transaction(self).is_err() {
+                        return false;
+                    }
+                }
+                Err(_) => return false,
+            }
+        }
+        false
     }
 }
 

@@ -7,7 +7,7 @@ use rusqlite::{Connection, Transaction, TransactionBehavior};
 
 use super::super::failed::GroupCommitFailed;
 use super::super::stats::WriteStats;
-use super::{Core, Errors, Ran, WriteThreadOptions};
+use super::{Core, Errors, Owned, Ran, WriteThreadOptions};
 use crate::recorder::WriteStage;
 
 /// The writer thread of one SQLite database file, for rusqlite: write transactions run on it,
@@ -196,6 +196,14 @@ impl std::fmt::Debug for WriteThread {
         f.debug_struct("WriteThread")
             .field("path", &self.core.path())
             .finish_non_exhaustive()
+    }
+}
+
+impl Owned for Connection {
+    fn recover(&mut self) -> bool {
+        // The closure's `Transaction` rolled back as it unwound; whatever is left (a raw
+        // `BEGIN` of its own) is rolled back here.
+        self.is_autocommit() || (self.execute_batch("ROLLBACK").is_ok() && self.is_autocommit())
     }
 }
 

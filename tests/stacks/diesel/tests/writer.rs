@@ -229,3 +229,24 @@ async fn a_committed_closure_fences_its_request() {
     assert_eq!(app.calls.load(Ordering::SeqCst), 1, "never replayed");
     assert_eq!(names(writes.path()), ["fenced"]);
 }
+
+/// A closure that panics fails its own transaction only: Diesel's transaction left open by the
+/// unwinding closure is rolled back, and the writer thread goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closure_that_panics_fails_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let writes = writer(&dir).await;
+    let panicked = writes
+        .transaction(|conn| -> Result<(), DieselError> {
+            conn.batch_execute("INSERT INTO items (name) VALUES ('panicked')")?;
+            panic!("a bug in the closure");
+        })
+        .await;
+    let error = panicked.expect_err("the caller is told");
+    assert!(error.to_string().contains("panicked"), "{error}");
+    insert(&writes, "next")
+        .await
+        .expect("the writer thread goes on");
+    insert(&writes, "after").await.expect("and on");
+    assert_eq!(names(writes.path()), ["next", "after"]);
+}
