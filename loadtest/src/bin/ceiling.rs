@@ -34,6 +34,7 @@
 //! |---|---|
 //! | `rusqlite` | one `rusqlite::Connection` on the main thread, `transaction_with_behavior(Immediate)`, `prepare_cached`: **the ceiling** |
 //! | `sqlx` | one `SqliteConnection`, `begin_with("BEGIN IMMEDIATE")`, one task: what sqlx adds (its connection's worker thread, the async hand-offs) |
+//! | `sqlx, fused` | `sqlx, one query` with each `COMMIT` sent together with the next transaction's `BEGIN IMMEDIATE` (`raw_sql`): two round trips a transaction; what fusing one writer's `COMMIT` with the next writer's `BEGIN` would give |
 //! | `sqlx, one query` | the same, the three writes in one `query` (sqlx binds each statement's arguments in turn; the token read-then-write done in SQL): three round trips to the connection's thread instead of six |
 //! | `write path` | `WritePool::new(pool)` as an application makes it (its own writer connection, group commit on), `begin()`, `commit()`, one task: the turn's cost with nobody waiting |
 //! | `write path ×N` | the same with `--tasks` (64) tasks, each in a loop: the turn handed from writer to writer; at `FULL`, group commit shares the fsync (`tx/fsync`) |
@@ -207,6 +208,8 @@ enum Column {
     Sqlx,
     /// One sqlx connection, one task, the statements in one `query`.
     SqlxOneQuery,
+    /// The same, each `COMMIT` sent with the next transaction's `BEGIN IMMEDIATE`.
+    SqlxFused,
     /// `WritePool`, one task.
     WritePath,
     /// `WritePool`, `--tasks` tasks.
@@ -218,10 +221,11 @@ enum Column {
 }
 
 impl Column {
-    const ALL: [Column; 7] = [
+    const ALL: [Column; 8] = [
         Column::Rusqlite,
         Column::Sqlx,
         Column::SqlxOneQuery,
+        Column::SqlxFused,
         Column::WritePath,
         Column::WritePathTasks,
         Column::Thread,
@@ -233,6 +237,7 @@ impl Column {
             Column::Rusqlite => "rusqlite".to_owned(),
             Column::Sqlx => "sqlx".to_owned(),
             Column::SqlxOneQuery => "sqlx, one query".to_owned(),
+            Column::SqlxFused => "sqlx, fused".to_owned(),
             Column::WritePath => "write path".to_owned(),
             Column::WritePathTasks => format!("write path ×{tasks}"),
             Column::Thread => "thread".to_owned(),
@@ -349,6 +354,27 @@ async fn put_sqlx_one_query(conn: &mut SqliteConnection, put: &Put<'_>) -> Resul
         .execute(&mut *tx)
         .await?;
     tx.commit().await
+}
+
+/// The statements of [`put_sqlx_one_query`] in the transaction already begun on `conn`, then
+/// its `COMMIT` and the next transaction's `BEGIN IMMEDIATE` in one round trip: two round trips
+/// a transaction. What fusing a writer's `COMMIT` with the next writer's `BEGIN` would give.
+async fn put_sqlx_fused(conn: &mut SqliteConnection, put: &Put<'_>) -> Result<(), sqlx::Error> {
+    sqlx::query(ONE_QUERY)
+        .bind(put.collection)
+        .bind(&put.name)
+        .bind(put.etag)
+        .bind(put.data)
+        .bind(put.collection)
+        .bind(put.collection)
+        .bind(&put.name)
+        .bind(put.collection)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::raw_sql("COMMIT; BEGIN IMMEDIATE")
+        .execute(&mut *conn)
+        .await
+        .map(drop)
 }
 
 /// The transaction on the write path: its turn, `BEGIN IMMEDIATE` on its writer connection,
@@ -592,11 +618,14 @@ async fn sqlx_column(
     level: Level,
     window: Duration,
     data: Arc<str>,
-    one_query: bool,
+    column: Column,
 ) -> Result<Measured, BoxError> {
     let mut conn = options(path, level).connect().await?;
     for n in 0..WARMUP {
         put_sqlx_tx(&mut conn, &Put::new(0, n, &data)).await?;
+    }
+    if column == Column::SqlxFused {
+        sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut conn).await?;
     }
     let clock = Clock::start();
     let end = clock.start + window;
@@ -604,12 +633,16 @@ async fn sqlx_column(
         let mut n = WARMUP;
         while Instant::now() < end {
             let put = Put::new(0, n, &data);
-            if one_query {
-                put_sqlx_one_query(&mut conn, &put).await?;
-            } else {
-                put_sqlx_tx(&mut conn, &put).await?;
+            match column {
+                Column::SqlxOneQuery => put_sqlx_one_query(&mut conn, &put).await?,
+                Column::SqlxFused => put_sqlx_fused(&mut conn, &put).await?,
+                _ => put_sqlx_tx(&mut conn, &put).await?,
             }
             n += 1;
+        }
+        if column == Column::SqlxFused {
+            // The transaction the last fused `COMMIT` began: empty.
+            sqlx::raw_sql("COMMIT").execute(&mut conn).await?;
         }
         Ok::<_, sqlx::Error>((conn, n))
     })
@@ -773,9 +806,8 @@ fn run_cell(
     let tasks = column.tasks(settings.tasks);
     let measured = match column {
         Column::Rusqlite => rusqlite_column(&path, level, window, data)?,
-        Column::Sqlx => rt.block_on(sqlx_column(&path, level, window, data.clone(), false))?,
-        Column::SqlxOneQuery => {
-            rt.block_on(sqlx_column(&path, level, window, data.clone(), true))?
+        Column::Sqlx | Column::SqlxOneQuery | Column::SqlxFused => {
+            rt.block_on(sqlx_column(&path, level, window, data.clone(), column))?
         }
         Column::WritePath | Column::WritePathTasks => {
             rt.block_on(write_path_column(&path, level, window, data.clone(), tasks))?
