@@ -674,3 +674,99 @@ fn a_transaction_dropped_outside_a_runtime_hands_the_turn_on() {
         );
     });
 }
+
+/// Awaits `fut` for at most `polls` polls, each made when it was woken (so each one past the
+/// first is a step it took past one of its awaits): its output, or `None` when it was dropped
+/// there, pending (cancelled at that await).
+struct CancelAfter<F: std::future::Future> {
+    fut: std::pin::Pin<Box<F>>,
+    polls: u32,
+}
+
+impl<F: std::future::Future> std::future::Future for CancelAfter<F> {
+    type Output = Option<F::Output>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        if self.polls == 0 {
+            return std::task::Poll::Ready(None);
+        }
+        self.polls -= 1;
+        self.fut.as_mut().poll(cx).map(Some)
+    }
+}
+
+fn cancel_after<F: std::future::Future>(fut: F, polls: u32) -> CancelAfter<F> {
+    CancelAfter {
+        fut: Box::pin(fut),
+        polls,
+    }
+}
+
+/// With `WriterConnection::FromPool` the commit gate is set on the pool's connection after
+/// `BEGIN IMMEDIATE` and taken off at the transaction's end: `begin()` cancelled at each of its
+/// awaits, and `commit()` at each of its (the gate's included), hand the pool's one connection
+/// back with no gate on it (the pool's own autocommit write commits) and with no transaction
+/// left (that write is in the file, and the next transaction commits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_pool_cancelled_at_every_await_leaves_no_gate_behind() {
+    let db = TestDb::new();
+    let pool = pool_of(db.options(Duration::from_secs(5)), 1).await;
+    let writes = WritePool::new(pool.clone()).writer(WriterConnection::FromPool);
+    let (mut seq, mut own, mut begins_cancelled, mut commits_cancelled) = (0, 0, 0, 0);
+    for begin_polls in 0..24u32 {
+        for commit_polls in 0..24u32 {
+            match cancel_after(writes.begin(), begin_polls).await {
+                None => begins_cancelled += 1,
+                Some(begun) => {
+                    let mut tx = begun.expect("begin");
+                    seq += 1;
+                    insert(&mut tx, seq, "cancelled commit").await.unwrap();
+                    if cancel_after(tx.commit(), commit_polls).await.is_none() {
+                        commits_cancelled += 1;
+                    }
+                }
+            }
+            seq += 1;
+            own += 1;
+            sqlx::query("INSERT INTO items (seq, name) VALUES (?, 'the pool''s own')")
+                .bind(seq)
+                .execute(&pool)
+                .await
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "begin cancelled after {begin_polls} polls, commit after \
+                         {commit_polls}: the pool's own write: {e}"
+                    )
+                });
+            seq += 1;
+            let mut tx = writes.begin().await.unwrap();
+            insert(&mut tx, seq, "next").await.unwrap();
+            tx.commit().await.unwrap_or_else(|e| {
+                panic!("after {begin_polls}/{commit_polls} polls: the next transaction: {e}")
+            });
+            if begin_polls == 0 {
+                break; // a begin never polled: one commit count is enough
+            }
+        }
+    }
+    eprintln!(
+        "from_pool_cancelled_at_every_await: {begins_cancelled} begins and {commits_cancelled} \
+         commits cancelled at an await"
+    );
+    assert!(
+        begins_cancelled > 1 && commits_cancelled > 1,
+        "cancelled at awaits of both"
+    );
+    let in_file: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM items WHERE name = 'the pool''s own'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        in_file, own,
+        "every one of the pool's own writes is in the file"
+    );
+}
