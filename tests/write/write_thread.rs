@@ -325,6 +325,50 @@ async fn a_committed_closure_is_answered_only_after_its_fsync() {
         .expect("answered Ok once its fsync ran");
 }
 
+/// The bound on commits waiting for one fsync: while the fsync stalls (held here), 512
+/// closures commit and wait unanswered; the 513th does not begin (its row is not in the file)
+/// until the fsync answers them. Then all 513 are answered `Ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_bound_a_stalled_fsync_holds_the_writer_back() {
+    const BOUND: usize = 512; // `MAX_UNANSWERED` in `src/write/group.rs`
+    let db = TestDb::new();
+    let writes = writer(&db).await;
+    assert!(tower_sqlite_retry::__private::hold_thread_fsync(
+        &writes, true
+    ));
+    let before = writes.stats().transactions;
+    let spawn = |name: String| {
+        let writes = writes.clone();
+        tokio::spawn(async move { insert(&writes, &name).await })
+    };
+    let mut waiting: Vec<_> = (0..BOUND).map(|i| spawn(format!("w{i}"))).collect();
+    poll_until("512 closures committed", async || {
+        writes.stats().transactions >= before + BOUND as u64
+    })
+    .await;
+    assert_eq!(names(&db).len(), BOUND);
+    let mut past = spawn("past".to_owned());
+    // Not begun while the fsync is held: a window that can only miss a closure that began
+    // (never fail a sound writer), as nothing lets it begin meanwhile.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), &mut past)
+            .await
+            .is_err(),
+        "answered past the bound"
+    );
+    assert_eq!(names(&db).len(), BOUND, "the 513th began past the bound");
+    assert!(
+        waiting.iter().all(|w| !w.is_finished()),
+        "held: none answered"
+    );
+    tower_sqlite_retry::__private::hold_thread_fsync(&writes, false);
+    waiting.push(past);
+    for w in waiting {
+        w.await.unwrap().expect("answered Ok once the fsync ran");
+    }
+    assert_eq!(names(&db).len(), BOUND + 1);
+}
+
 /// A closure that panics fails its own transaction only (rolled back, its caller told), as a
 /// panicking handler fails its own request: the writer thread goes on with the next.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

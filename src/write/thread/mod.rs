@@ -35,6 +35,13 @@
 //! - **Deadline and cancellation**: a closure whose request's deadline passes, or whose caller
 //!   stopped waiting (the request dropped), before its turn never runs; one that started runs
 //!   to its end, and its transaction is counted whether or not anyone hears of it.
+//! - **A bound on commits waiting for one fsync** (`MAX_UNANSWERED`, 512, as on the sqlx
+//!   path): while that many committed closures wait unanswered (those the fsync under way
+//!   runs for and those queued for the next), the writer thread begins no other, before it
+//!   takes the turn, until the fsync answers some. A disk that stalls so holds writers back
+//!   instead of letting every closure commit (visible to readers) without an answer. (The
+//!   sqlx path lets the next transaction commit at `FULL` in the turn instead, which on a
+//!   stalled disk waits just the same; here the level would have to change per driver.)
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
@@ -47,7 +54,7 @@ use crate::attempt::{RequestState, current_request};
 use crate::recorder::{self, WriteStage};
 
 use super::failed::GroupCommitFailed;
-use super::group::{report_stop, stop_reason};
+use super::group::{MAX_UNANSWERED, report_stop, stop_reason};
 use super::stats::WriteStats;
 use super::turn::{Queue, Turn};
 use super::wal::Wal;
@@ -217,6 +224,7 @@ impl<C: Owned> Core<C> {
             Some(Arc::new(Fsync {
                 state: Mutex::default(),
                 wake: Condvar::new(),
+                room: Condvar::new(),
                 wal,
                 path: wal_path,
                 queue: Arc::clone(&queue),
@@ -393,6 +401,14 @@ impl<C: Owned> Writer<C> {
             let _ = answer.send(Err((errors.timed_out)()));
             return;
         }
+        // Too many committed closures wait for the fsync: none begins until it answers some.
+        if let Some(fsync) = &self.fsync
+            && !fsync.room_before(deadline)
+        {
+            failed(WriteStage::Turn);
+            let _ = answer.send(Err((errors.timed_out)()));
+            return;
+        }
         let Some(turn) = self.turn(request.clone(), deadline) else {
             failed(WriteStage::Turn);
             let _ = answer.send(Err((errors.timed_out)()));
@@ -474,6 +490,8 @@ impl<C: Owned> Writer<C> {
 struct Fsync {
     state: Mutex<FsyncState>,
     wake: Condvar,
+    /// The writer thread waits on it while `MAX_UNANSWERED` commits wait for an answer.
+    room: Condvar,
     wal: Wal,
     path: PathBuf,
     queue: Arc<Queue>,
@@ -482,6 +500,8 @@ struct Fsync {
 #[derive(Default)]
 struct FsyncState {
     waiting: Vec<Deliver>,
+    /// Committed closures in the fsync under way, not answered yet.
+    in_flight: usize,
     /// Why nothing is acknowledged any more (a sync of the WAL failed).
     stopped: Option<Arc<str>>,
     /// The writer thread is gone: answer what waits, then end.
@@ -509,6 +529,33 @@ impl Fsync {
         self.wake.notify_one();
     }
 
+    /// Whether a closure may begin: at once while fewer than `MAX_UNANSWERED` committed
+    /// closures wait for an answer (or nothing will be acknowledged any more: the closure is
+    /// refused after its turn); otherwise once the fsync answered some. `false`: `deadline`
+    /// passed first.
+    fn room_before(&self, deadline: Option<Instant>) -> bool {
+        let mut state = self.lock();
+        while state.waiting.len() + state.in_flight >= MAX_UNANSWERED
+            && state.stopped.is_none()
+            && !state.closing
+        {
+            state = match deadline {
+                None => self.room.wait(state).unwrap_or_else(|e| e.into_inner()),
+                Some(deadline) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return false;
+                    }
+                    self.room
+                        .wait_timeout(state, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
+        }
+        true
+    }
+
     /// A sync of the WAL failed: the file is refused, what waits is told why.
     fn stop(&self, why: &str) -> Arc<str> {
         let (first, waiting, stopped) = {
@@ -521,6 +568,7 @@ impl Fsync {
             (first, std::mem::take(&mut state.waiting), stopped)
         };
         self.queue.refuse(&stopped);
+        self.room.notify_all();
         for deliver in waiting {
             deliver(Err(GroupCommitFailed::new(stopped.to_string())));
         }
@@ -546,7 +594,9 @@ impl Fsync {
                 if state.waiting.is_empty() {
                     return;
                 }
-                std::mem::take(&mut state.waiting)
+                let batch = std::mem::take(&mut state.waiting);
+                state.in_flight = batch.len();
+                batch
             };
             let started = std::time::Instant::now();
             let synced = self.wal.sync();
@@ -579,6 +629,8 @@ impl Fsync {
                         .map_err(|why| GroupCommitFailed::new(why.to_string())),
                 );
             }
+            self.lock().in_flight = 0;
+            self.room.notify_all();
         }
     }
 }
