@@ -30,13 +30,13 @@
 //! - `GET /items?limit=&after=`: a page of items with `id > after` (default limit 50, at most
 //!   500) and `next`, the `after` of the next page.
 //! - `GET /items/{id}`: the item, or `404`.
-//! - `GET /stats`: the retry layers' counters; with `--config layer-write`, `write_turn` too:
-//!   the database's write turn now (`waiting`, `held`) and since start (`transactions`,
-//!   `busy_seconds`), from `WritePool::stats()`.
+//! - `GET /stats`: the retry layers' counters; with `--config layer-write` or `layer-thread`,
+//!   `write_turn` too: the database's write turn now (`waiting`, `held`) and since start
+//!   (`transactions`, `busy_seconds`), from `WritePool::stats()` (`WriteThread::stats()`).
 //! - `GET /metrics`: the layers' metrics in Prometheus' text format (run with
 //!   `--features metrics`; see the crate's `metrics::recorder` module: the write path's
 //!   `tower_sqlite_retry_write_wait_seconds`, `_write_held_seconds` and `_write_waiting`
-//!   among them). With `--config layer-write` the app adds, with or without the feature, the
+//!   among them). With `--config layer-write` or `layer-thread` the app adds, with or without the feature, the
 //!   gauge `tower_sqlite_retry_write_utilization{database="<file name>"}`: the share of the
 //!   time since the previous scrape during which a write transaction held the database's
 //!   turn (1: the database at its write limit), computed at each scrape from two
@@ -66,9 +66,10 @@
 //!   | `layer-two-pool` | `layer` | `--pool-size` readers + 1 writer | `BEGIN` |
 //!   | `immediate` | none | `--pool-size` | `BEGIN IMMEDIATE` (the one-word fix: writers wait in SQLite's busy handler, each holding a pool connection) |
 //!   | `layer-write` | `layer`'s | `--pool-size` for reads, the write path's writer connection for writes | `WritePool::begin()`: its turn in the process, then `BEGIN IMMEDIATE` |
+//!   | `layer-thread` | `layer`'s | `--pool-size` for reads, a rusqlite `WriteThread`'s connection for writes | the transaction a closure on the writer thread: its turn, then `BEGIN IMMEDIATE` … `COMMIT` around it there |
 //!
-//!   `one-writer`, `two-pool`, `immediate`, `layer-two-pool` and `layer-write` need a SQLite
-//!   file (`--db`);
+//!   `one-writer`, `two-pool`, `immediate`, `layer-two-pool`, `layer-write` and `layer-thread`
+//!   need a SQLite file (`--db`);
 //! - `--pool-size N` (default 8);
 //! - `--prep-us N` (default 0): about N µs of CPU before `POST /items`' transaction and a
 //!   read after its commit (0: neither), calibrated at start-up;
@@ -132,8 +133,8 @@ struct Args {
     /// The retry layer, or the configuration an expert would use instead of it.
     #[arg(long, value_enum, default_value = "layer")]
     config: Config,
-    /// Connections in the pool (the readers' pool with two-pool and layer-write; one-writer
-    /// has 1).
+    /// Connections in the pool (the readers' pool with two-pool, layer-write and
+    /// layer-thread; one-writer has 1).
     #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
     pool_size: u32,
     /// CPU work before POST /items' transaction, in µs (hashing, calibrated at start-up), and

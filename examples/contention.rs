@@ -1,8 +1,9 @@
 //! The demonstration: the example app (`examples/app.rs`) under write contention, each run on a
 //! fresh database: without `SqliteRetryLayer`, with it (`RetryPolicy::default()`; see
 //! `--instances` for the write route's attempts when there are several instances), with the
-//! one-word fix a user would otherwise reach for (`BEGIN IMMEDIATE`, no layer), and with the
-//! write path (the layer and a `WritePool`), side by side.
+//! one-word fix a user would otherwise reach for (`BEGIN IMMEDIATE`, no layer), with the
+//! write path (the layer and a `WritePool`), and with the writer thread (the layer and a
+//! rusqlite `WriteThread`), side by side.
 //!
 //! ```text
 //! cargo run --release --example contention
@@ -28,16 +29,18 @@
 //! | `with layer` | `layer` | `RetryPolicy::default()` | the same, replayed by the layer |
 //! | `BEGIN IMMEDIATE` | `immediate` | none | `BEGIN IMMEDIATE` on the pool: writers wait in SQLite's busy handler, each holding a pool connection |
 //! | `write path` | `layer-write` | `RetryPolicy::default()` | `WritePool::begin()`: its turn in the process, then `BEGIN IMMEDIATE` on the `WritePool`'s writer connection; reads stay on the pool |
+//! | `writer thread` | `layer-thread` | `RetryPolicy::default()` | the same transaction as a closure given to a rusqlite `WriteThread`: its turn in the process, then `BEGIN IMMEDIATE` … `COMMIT` around it on the thread that owns the writer connection; reads stay on the pool |
 //!
 //! The table gives, per run: the answers, throughput, reads/s and writes/s (`GET` and `POST`
 //! answered 2xx per second of the run), latency percentiles, the slowest request and the
 //! slowest write, the layer's replays, the write path's turn (the share of the run a write
 //! transaction held it), and the integrity check: each run's database is checked against the
 //! answers (every `201 Created` has its row, no row lacks one, nothing was inserted twice, no
-//! `seq` repeats). Every figure comes from the run itself; a line compares the write path with
-//! `BEGIN IMMEDIATE`.
+//! `seq` repeats). Every figure comes from the run itself; two lines compare the write path
+//! and the writer thread with `BEGIN IMMEDIATE`.
 //!
-//! `BEGIN IMMEDIATE` and the write path are SQLite's, and the write path's queue is per
+//! `BEGIN IMMEDIATE`, the write path and the writer thread are SQLite's, and the write path's
+//! queue is per
 //! process: with `--database-url` for PostgreSQL or MySQL, or with `--instances` above 1, the
 //! demonstration runs the first two columns only, and says so.
 //!
@@ -57,7 +60,8 @@
 //! The database is a SQLite file by default. `--database-url` names another: `sqlite:PATH`,
 //! `postgres://...` (build with `--features postgres`) or `mysql://...` (MySQL or MariaDB,
 //! `--features mysql`). On a URL the runs use the tables `tsr_demo_without_layer` and
-//! `tsr_demo_with_layer` (and, on `sqlite:`, `tsr_demo_immediate` and `tsr_demo_write_path`),
+//! `tsr_demo_with_layer` (and, on `sqlite:`, `tsr_demo_immediate`, `tsr_demo_write_path` and
+//! `tsr_demo_writer_thread`),
 //! dropped and created afresh at the start of a run and dropped at its end; nothing else in
 //! that database is touched. What `POST /items` meets there: PostgreSQL `40001` (the
 //! transaction is `SERIALIZABLE`), MySQL/MariaDB `1213` (deadlock; `SERIALIZABLE` too); see
@@ -67,22 +71,23 @@
 //! writes: nothing contends) and `--clients 1` (one request at a time: no concurrency).
 //!
 //! Exits with status 0 on PASS (the run without the layer failed requests; with the layer,
-//! with `BEGIN IMMEDIATE` and with the write path none failed, and no run lost or doubled
-//! anything); 1 if the run with the layer, with `BEGIN IMMEDIATE` or with the write path
-//! failed any request, if any run lost or doubled anything, or if no write was sent; 2 on bad
+//! with `BEGIN IMMEDIATE`, with the write path and with the writer thread none failed, and no
+//! run lost or doubled anything); 1 if the run with the layer, with `BEGIN IMMEDIATE`, with
+//! the write path or with the writer thread failed any request, if any run lost or doubled anything, or if no write was sent; 2 on bad
 //! flags or a setup error (a URL whose backend this build lacks says which feature to add); 3
 //! when nothing failed without the layer either: no contention was shown, and the verdict
 //! says so. Which run was faster is shown, never judged: timings on a shared machine vary.
 //!
 //! Flags (`--help` explains each): `--clients N` (64, at least 2), `--requests N` (per run, at
-//! least 1; 2500 with the four runs, 4000 with two: a few seconds in all either way), `--write-ratio F` (0.7, above 0), `--prep-us N` (200 µs of CPU
+//! least 1; 2500 with the five runs, 4000 with two: a few seconds in all either way), `--write-ratio F` (0.7, above 0), `--prep-us N` (200 µs of CPU
 //! before the transaction, and the read after the commit; 0: neither), `--pool-size N` (8, per
 //! instance), `--busy-timeout-ms N` (5000, sqlx's default; SQLite only), `--instances N` (1),
 //! `--max-attempts N` (the write route's, in the runs with the layer: `RetryPolicy::default()`'s
 //! with one instance, 16 × N with N), `--admission MODE` (adaptive), `--database-url URL`
 //! (default: SQLite files), `--db PATH` (SQLite files; default: files in a temporary
 //! directory, removed at the end; with `--db items.db` the runs use `items.without-layer.db`,
-//! `items.with-layer.db`, `items.immediate.db` and `items.write-path.db`, replaced if they
+//! `items.with-layer.db`, `items.immediate.db`, `items.write-path.db` and
+//! `items.writer-thread.db`, replaced if they
 //! exist, and kept), `--json` (machine-readable report on stdout, no progress bar).
 //! `RUST_LOG` sets the log filter (default `error,tower_sqlite_retry=off`: the table already
 //! counts the retries).
@@ -108,8 +113,8 @@ use tower_sqlite_retry::policy::Admission;
 use app_lib::{Backend, RetryPolicies, Work, redact};
 use driver::{Begin, BoxError, Report, Scenario, Target, Verdict};
 
-/// Requests per run by default with the four runs (4000 with two).
-const REQUESTS_FOUR_RUNS: usize = 2500;
+/// Requests per run by default with the five runs (4000 with two).
+const REQUESTS_ALL_RUNS: usize = 2500;
 
 /// The CPU work before `POST /items`' transaction, in µs, unless `--prep-us` says otherwise.
 ///
@@ -120,13 +125,14 @@ const REQUESTS_FOUR_RUNS: usize = 2500;
 const DEFAULT_PREP_US: u64 = 200;
 
 /// The demonstration: the example app under write contention, without SqliteRetryLayer, with
-/// it, with BEGIN IMMEDIATE and with the write path, each on a fresh database; checks that
+/// it, with BEGIN IMMEDIATE, with the write path and with the writer thread, each on a fresh
+/// database; checks that
 /// nothing was lost or doubled.
 #[derive(Debug, Parser)]
 #[command(
     name = "contention",
-    after_help = "Exits 0 on PASS; 1 if the run with the layer, with BEGIN IMMEDIATE or with \
-    the write path failed a request, any run lost or doubled rows, or no write was sent; 2 on \
+    after_help = "Exits 0 on PASS; 1 if the run with the layer, with BEGIN IMMEDIATE, with \
+    the write path or with the writer thread failed a request, any run lost or doubled rows, or no write was sent; 2 on \
     bad flags or a setup error; 3 if nothing failed without the layer either (no contention \
     shown). Which run was faster is shown, not judged. RUST_LOG sets the log filter \
     (default: error,tower_sqlite_retry=off)."
@@ -136,7 +142,7 @@ struct Args {
     /// least 2 (one client sends one request at a time: nothing contends).
     #[arg(long, value_name = "N", default_value_t = 64, value_parser = concurrent_clients)]
     clients: usize,
-    /// Requests in all, per run [default: 2500 with the four SQLite runs, 4000 with the two
+    /// Requests in all, per run [default: 2500 with the five SQLite runs, 4000 with the two
     /// runs of --database-url postgres:// or mysql://, or of --instances above 1].
     #[arg(long, value_name = "N", value_parser = at_least_one)]
     requests: Option<usize>,
@@ -171,13 +177,16 @@ struct Args {
     admission: String,
     /// Run on this database instead of SQLite files: sqlite:PATH, postgres://... (build with
     /// --features postgres) or mysql://... (--features mysql); tables tsr_demo_without_layer
-    /// and tsr_demo_with_layer (and on sqlite: tsr_demo_immediate and tsr_demo_write_path),
+    /// and tsr_demo_with_layer (and on sqlite: tsr_demo_immediate, tsr_demo_write_path and
+    /// tsr_demo_writer_thread),
     /// dropped and created afresh, dropped at the end. PostgreSQL and MySQL: only the runs
-    /// without and with the layer (BEGIN IMMEDIATE and the write path are SQLite's).
+    /// without and with the layer (BEGIN IMMEDIATE, the write path and the writer thread are
+    /// SQLite's).
     #[arg(long, value_name = "URL", conflicts_with = "db")]
     database_url: Option<String>,
     /// SQLite files: with --db items.db the runs use items.without-layer.db,
-    /// items.with-layer.db, items.immediate.db and items.write-path.db, replaced if they
+    /// items.with-layer.db, items.immediate.db, items.write-path.db and items.writer-thread.db,
+    /// replaced if they
     /// exist, and kept [default: files in a temporary directory, removed at the end].
     #[arg(long, value_name = "PATH")]
     db: Option<PathBuf>,
@@ -219,11 +228,11 @@ fn ratio(v: &str) -> Result<f64, String> {
 }
 
 impl Args {
-    /// Requests per run: `--requests`, else 2500 with the four runs and 4000 with two (a few
+    /// Requests per run: `--requests`, else 2500 with the five runs and 4000 with two (a few
     /// seconds in all either way).
-    fn requests(&self, four_runs: bool) -> usize {
+    fn requests(&self, all_runs: bool) -> usize {
         self.requests
-            .unwrap_or(if four_runs { REQUESTS_FOUR_RUNS } else { 4000 })
+            .unwrap_or(if all_runs { REQUESTS_ALL_RUNS } else { 4000 })
     }
 
     /// The write route's `max_attempts` in the run with the layer: `--max-attempts`, else
@@ -299,8 +308,9 @@ struct Run {
     begin: Begin,
 }
 
-/// The runs, in column order: without the layer, with it, `BEGIN IMMEDIATE`, the write path.
-const RUNS: [Run; 4] = [
+/// The runs, in column order: without the layer, with it, `BEGIN IMMEDIATE`, the write path,
+/// the writer thread.
+const RUNS: [Run; 5] = [
     Run {
         label: "without layer",
         tag: "without-layer",
@@ -325,19 +335,27 @@ const RUNS: [Run; 4] = [
         layer: true,
         begin: Begin::WritePath,
     },
+    Run {
+        label: "writer thread",
+        tag: "writer-thread",
+        layer: true,
+        begin: Begin::WriteThread,
+    },
 ];
 
-/// Why only the runs without and with the layer are made (`None`: all four are).
+/// Why only the runs without and with the layer are made (`None`: all five are).
 fn only_two_runs(backend: Backend, instances: usize) -> Option<String> {
     if backend != Backend::Sqlite {
         Some(format!(
-            "BEGIN IMMEDIATE and the write path (WritePool) are SQLite's: not run on {}",
+            "BEGIN IMMEDIATE, the write path (WritePool) and the writer thread (WriteThread) \
+             are SQLite's: not run on {}",
             backend.name()
         ))
     } else if instances > 1 {
         Some(format!(
-            "BEGIN IMMEDIATE and the write path: not run with {instances} instances (they \
-             would share this process, and with it the write path's queue, which the separate \
+            "BEGIN IMMEDIATE, the write path and the writer thread: not run with {instances} \
+             instances (they would share this process, and with it the write path's queue, \
+             which the separate \
              processes of a real deployment do not)"
         ))
     } else {
@@ -456,6 +474,13 @@ async fn run(args: &Args) -> Result<Verdict, BoxError> {
             println!(
                 "                   IMMEDIATE on its own connection; reads keep the pool of {pool}"
             );
+            println!(
+                "  writer thread    the layer and WriteThread (rusqlite): the same turn, the \
+                 transaction a"
+            );
+            println!(
+                "                   closure run on the thread that owns the writer connection"
+            );
         }
     }
 
@@ -543,8 +568,9 @@ async fn run(args: &Args) -> Result<Verdict, BoxError> {
         }
         match (&skipped, also.as_slice()) {
             (Some(why), _) => println!("{why}"),
-            (None, [immediate, write_path]) => {
+            (None, [immediate, write_path, thread]) => {
                 println!("{}", comparison_line(immediate, write_path));
+                println!("{}", comparison_line(immediate, thread));
             }
             (None, _) => {}
         }
@@ -842,7 +868,8 @@ fn integrity_line(r: &Report) -> String {
     )
 }
 
-/// The write path against `BEGIN IMMEDIATE`, in this run's figures: shown, never judged.
+/// The write path (or the writer thread) against `BEGIN IMMEDIATE`, in this run's figures:
+/// shown, never judged.
 fn comparison_line(immediate: &Report, write_path: &Report) -> String {
     let ratio = |a: f64, b: f64| {
         if b > 0.0 {
@@ -852,8 +879,9 @@ fn comparison_line(immediate: &Report, write_path: &Report) -> String {
         }
     };
     format!(
-        "write path vs BEGIN IMMEDIATE (this run): slowest write {:.0} ms vs {:.0} ms ({}), \
+        "{} vs BEGIN IMMEDIATE (this run): slowest write {:.0} ms vs {:.0} ms ({}), \
          p99 {}, reads/s {}, writes/s {}",
+        write_path.label,
         write_path.write_latency_ms.max,
         immediate.write_latency_ms.max,
         ratio(

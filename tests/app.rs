@@ -664,6 +664,7 @@ async fn expert_configurations_serialize_writers_without_any_replay() {
         Config::LayerQueue,
         Config::LayerTwoPool,
         Config::LayerWrite,
+        Config::LayerThread,
     ] {
         let dir = tempfile::tempdir().unwrap();
         let db = config
@@ -727,11 +728,12 @@ async fn only_the_layer_configurations_have_retry_layers() {
     }
 }
 
-/// `immediate` and `layer-write` as the demonstration runs them: real HTTP on loopback,
+/// `immediate`, `layer-write` and `layer-thread` as the demonstration runs them: real HTTP on
+/// loopback,
 /// concurrent writers and readers, a handler with work before and after its transaction;
 /// nothing fails, and the database holds exactly what was answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn immediate_and_the_write_path_serve_over_http_with_integrity() {
+async fn immediate_the_write_path_and_the_writer_thread_serve_over_http_with_integrity() {
     let dir = tempfile::tempdir().unwrap();
     let work = Work::new(20);
     assert!(work.read_after_commit() && work.prep_rounds > 0, "{work:?}");
@@ -740,6 +742,11 @@ async fn immediate_and_the_write_path_serve_over_http_with_integrity() {
         (
             "write-path",
             Begin::WritePath,
+            Some(RetryPolicies::both(RetryPolicy::default())),
+        ),
+        (
+            "writer-thread",
+            Begin::WriteThread,
             Some(RetryPolicies::both(RetryPolicy::default())),
         ),
     ] {
@@ -764,7 +771,7 @@ async fn immediate_and_the_write_path_serve_over_http_with_integrity() {
             "{name}"
         );
         match begin {
-            Begin::WritePath => {
+            Begin::WritePath | Begin::WriteThread => {
                 let turn = report.write_turn.as_ref().expect("the write path's turn");
                 // Every write committed in its turn (a transaction rolled back would count too).
                 assert!(turn.transactions >= report.writes, "{turn:?}");
@@ -773,6 +780,44 @@ async fn immediate_and_the_write_path_serve_over_http_with_integrity() {
             _ => assert!(report.write_turn.is_none(), "{name}"),
         }
     }
+}
+
+/// `layer-thread` runs `POST /items`' transaction on the writer thread: the process has a
+/// thread named for this file's writer (`tsr-writer:<file>`, cut to Linux's 15 bytes) once
+/// the app is open, its turn counted the write, and the row is in the file.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layer_thread_writes_on_the_writer_thread() {
+    let writers = || -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .filter(|comm| comm.trim_end() == "tsr-writer:thre")
+            .count()
+    };
+    assert_eq!(writers(), 0);
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::LayerThread;
+    let db = config
+        .open(
+            &dir.path().join("thread-probe.db"),
+            4,
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert_eq!(writers(), 1, "one writer thread for the file");
+    let (app, metrics) = config.router(db.clone());
+    assert!(metrics.is_some());
+    let res = app
+        .oneshot(post_items(r#"{"name": "on the thread"}"#))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(db.write_stats().unwrap().transactions, 1);
+    let items = db.all_items().await.unwrap();
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0].name, "on the thread");
 }
 
 /// `layer-write`'s app, with work around the transaction, on a SQLite file in `dir`.

@@ -21,7 +21,9 @@
 //! With SQLite the transaction can also begin `IMMEDIATE` (`Db::begin_immediate`: the write
 //! lock first, concurrent writers wait in SQLite's busy handler) or go through the write path
 //! (`Db::with_write_path`: a `WritePool` beside the pool queues the write transactions in the
-//! process, then begins them `IMMEDIATE` on its writer connection). [`Work`] gives the handler
+//! process, then begins them `IMMEDIATE` on its writer connection), or run on the writer
+//! thread (`Db::with_write_thread`: a rusqlite `WriteThread` runs the transaction, a closure,
+//! on the thread that owns the file's writer connection). [`Work`] gives the handler
 //! work before and after its transaction (CPU first, a read after the commit), the shape of a
 //! real handler, the same in every configuration.
 
@@ -44,7 +46,7 @@ use tower::limit::ConcurrencyLimitLayer;
 use tower_sqlite_retry::metrics::MetricsSnapshot;
 use tower_sqlite_retry::policy::Admission;
 use tower_sqlite_retry::policy::AdmissionLimit;
-use tower_sqlite_retry::write::WriteStats;
+use tower_sqlite_retry::write::{WriteStats, WriteThread};
 use tower_sqlite_retry::{
     Attempt, DbError, RetryMetrics, RetryPolicy, SqliteRetryLayer, WritePool,
 };
@@ -224,17 +226,35 @@ pub(crate) fn calibrate(us: u64) -> u64 {
     ((us as f64 / 1e6) / per_round.max(1e-12)).max(1.0) as u64
 }
 
-/// The write path of a `Db`: the `WritePool`, and the reading of its turn the last
-/// `/metrics` scrape took (for the utilization between two scrapes).
+/// The write path of a `Db`: the `WritePool` or the `WriteThread`, and the reading of its turn
+/// the last `/metrics` scrape took (for the utilization between two scrapes).
 #[derive(Clone, Debug)]
 struct WritePath {
-    pool: WritePool,
+    writes: Writes,
     /// The `database` label: the SQLite file's name.
     database: Arc<str>,
     /// When the app was built: the first scrape's utilization is since then.
     started: Instant,
     /// The previous scrape's reading of the turn (`None`: no scrape saw a write yet).
     scraped: Arc<Mutex<Option<WriteStats>>>,
+}
+
+/// What `POST /items`' transaction goes through on the write path.
+#[derive(Clone, Debug)]
+enum Writes {
+    /// sqlx: `WritePool::begin()`.
+    Pool(WritePool),
+    /// rusqlite: `WriteThread::transaction(closure)`.
+    Thread(WriteThread),
+}
+
+impl Writes {
+    fn stats(&self) -> Option<WriteStats> {
+        match self {
+            Self::Pool(pool) => pool.stats(),
+            Self::Thread(thread) => Some(thread.stats()),
+        }
+    }
 }
 
 /// A database's write turn as `/stats` shows it.
@@ -475,7 +495,32 @@ impl Db {
             _ => return Err("the write path (WritePool) is SQLite's only".into()),
         };
         self.write_path = Some(WritePath {
-            pool: WritePool::new(pool),
+            writes: Writes::Pool(WritePool::new(pool)),
+            database: database.into(),
+            started: Instant::now(),
+            scraped: Arc::new(Mutex::new(None)),
+        });
+        Ok(self)
+    }
+
+    /// SQLite: `POST /items`' transaction runs on the writer thread, a rusqlite `WriteThread`
+    /// on the pool's file (reads stay on the pool): the closure waits for the database's turn
+    /// in this process, then runs in `BEGIN IMMEDIATE` … `COMMIT` on the thread that owns the
+    /// writer connection, at `synchronous = NORMAL` as the app's pool. `database`
+    /// names the file in `/metrics` and `/stats`. Fails on another backend or in memory.
+    pub(crate) fn with_write_thread(mut self, database: &str) -> Result<Self, OpenError> {
+        let pool = match &self.pool {
+            Pool::Sqlite(pool) => pool.clone(),
+            #[allow(unreachable_patterns)]
+            _ => return Err("the writer thread (WriteThread) is SQLite's only".into()),
+        };
+        let path = pool.connect_options().get_filename().to_owned();
+        // At the level of the app's pool (`synchronous = NORMAL`, `open_pool`), as the
+        // `WritePool` of `layer-write` is; SQLite's `busy_timeout` the writer's default, 5 s.
+        let thread = tower_sqlite_retry::write::WriteThreadOptions::default().synchronous_normal();
+        let writes = WriteThread::open_with(path, thread, |_| Ok(()))?;
+        self.write_path = Some(WritePath {
+            writes: Writes::Thread(writes),
             database: database.into(),
             started: Instant::now(),
             scraped: Arc::new(Mutex::new(None)),
@@ -497,7 +542,7 @@ impl Db {
     /// The write path's turn now (`None` without the write path, or before its first write
     /// transaction).
     pub(crate) fn write_stats(&self) -> Option<WriteStats> {
-        self.write_path.as_ref()?.pool.stats()
+        self.write_path.as_ref()?.writes.stats()
     }
 
     /// Whether `POST /items` goes through the write path.
@@ -508,7 +553,10 @@ impl Db {
     /// The write turn's figures for `/stats` (`None` without the write path).
     pub(crate) fn turn_figures(&self) -> Option<(Arc<str>, TurnFigures)> {
         let w = self.write_path.as_ref()?;
-        Some((w.database.clone(), TurnFigures::of(w.pool.stats().as_ref())))
+        Some((
+            w.database.clone(),
+            TurnFigures::of(w.writes.stats().as_ref()),
+        ))
     }
 
     /// The write path's gauge for `/metrics`, in Prometheus' text format (empty without the
@@ -520,7 +568,7 @@ impl Db {
         let Some(w) = &self.write_path else {
             return String::new();
         };
-        let now = w.pool.stats();
+        let now = w.writes.stats();
         let utilization = {
             let mut scraped = w.scraped.lock().unwrap_or_else(|e| e.into_inner());
             let u = match (&now, &*scraped) {
@@ -573,9 +621,13 @@ impl Db {
         if let Some(writer) = &self.writer {
             writer.close().await;
         }
-        if let Some(w) = &self.write_path {
+        if let Some(WritePath {
+            writes: Writes::Pool(pool),
+            ..
+        }) = &self.write_path
+        {
             // The pool, then the writer connection.
-            w.pool.close().await;
+            pool.close().await;
         }
         on_pool!(self, |pool| pool.close().await)
     }
@@ -583,7 +635,7 @@ impl Db {
     /// The read-then-write transaction of `POST /items`: reads `MAX(seq) + 1`, inserts the item
     /// with it, commits. Returns `(id, seq)`. See the module docs for the error each backend
     /// answers concurrent writers with.
-    pub(crate) async fn create_item(&self, name: &str) -> Result<(i64, i64), sqlx::Error> {
+    pub(crate) async fn create_item(&self, name: &str) -> Result<(i64, i64), DbError> {
         let sql = &*self.sql;
         // Where the insert returns the id (SQLite, PostgreSQL): next seq, insert, commit.
         macro_rules! insert_returning_id {
@@ -604,10 +656,33 @@ impl Db {
         match &self.pool {
             Pool::Sqlite(pool) => {
                 let pool = self.writer.as_ref().unwrap_or(pool);
-                if let Some(w) = &self.write_path {
+                if let Some(WritePath {
+                    writes: Writes::Thread(thread),
+                    ..
+                }) = &self.write_path
+                {
+                    // `layer-thread`: the same transaction as a closure, run on the writer
+                    // thread in the file's turn (`BEGIN IMMEDIATE` … `COMMIT` around it).
+                    let (next_seq, insert) = (sql.next_seq.clone(), sql.insert.clone());
+                    let name = name.to_owned();
+                    Ok(thread
+                        .transaction(move |tx| {
+                            // Prepared each time: the crate builds rusqlite without its
+                            // statement cache (`cache`, a default feature it turns off).
+                            let seq: i64 = tx.query_row(&next_seq, [], |r| r.get(0))?;
+                            let id: i64 =
+                                tx.query_row(&insert, rusqlite::params![seq, name], |r| r.get(0))?;
+                            Ok::<_, rusqlite::Error>((id, seq))
+                        })
+                        .await?)
+                } else if let Some(WritePath {
+                    writes: Writes::Pool(w),
+                    ..
+                }) = &self.write_path
+                {
                     // `layer-write`: the turn (a FIFO queue in the process), then
                     // `BEGIN IMMEDIATE` on the write path's writer connection.
-                    insert_returning_id!(w.pool.begin().await?)
+                    insert_returning_id!(w.begin().await?)
                 } else if self.begin_immediate {
                     // `immediate` and the expert configurations (`one-writer`, `two-pool`): the
                     // write lock first, so no other writer can commit between our read and our
@@ -738,11 +813,16 @@ pub(crate) enum Config {
     /// `WritePool`'s writer connection); reads on the pool of --pool-size. `/stats` and
     /// `/metrics` show the write turn (`/metrics`: its utilization).
     LayerWrite,
+    /// `layer`'s policies and the writer thread: POST /items' transaction a closure on a
+    /// rusqlite `WriteThread` (its turn in the process, then `BEGIN IMMEDIATE` … `COMMIT` on
+    /// the thread that owns the writer connection; group commit at `FULL`); reads on the pool
+    /// of --pool-size. `/stats` and `/metrics` show the write turn.
+    LayerThread,
 }
 
 impl Config {
     /// Every configuration, in the order reports list them.
-    pub(crate) const ALL: [Self; 9] = [
+    pub(crate) const ALL: [Self; 10] = [
         Self::Bare,
         Self::OneWriter,
         Self::TwoPool,
@@ -752,6 +832,7 @@ impl Config {
         Self::LayerQueue,
         Self::LayerTwoPool,
         Self::LayerWrite,
+        Self::LayerThread,
     ];
 
     /// The name on the command line (`one-writer`, ...).
@@ -766,6 +847,7 @@ impl Config {
             Self::LayerQueue => "layer-queue",
             Self::LayerTwoPool => "layer-two-pool",
             Self::LayerWrite => "layer-write",
+            Self::LayerThread => "layer-thread",
         }
     }
 
@@ -795,6 +877,10 @@ impl Config {
                 "RetryPolicy::default() and the write path (WritePool: the turn, then BEGIN \
                  IMMEDIATE on its writer connection), reads on pool {pool_size}"
             ),
+            Self::LayerThread => format!(
+                "RetryPolicy::default() and the writer thread (WriteThread, rusqlite: the turn, \
+                 then the transaction on the writer's thread), reads on pool {pool_size}"
+            ),
         }
     }
 
@@ -807,6 +893,7 @@ impl Config {
                 | Self::Immediate
                 | Self::LayerTwoPool
                 | Self::LayerWrite
+                | Self::LayerThread
         )
     }
 
@@ -814,7 +901,7 @@ impl Config {
     pub(crate) fn policies(self) -> Option<RetryPolicies> {
         match self {
             Self::Bare | Self::OneWriter | Self::TwoPool | Self::Immediate => None,
-            Self::Layer | Self::LayerTwoPool | Self::LayerWrite => {
+            Self::Layer | Self::LayerTwoPool | Self::LayerWrite | Self::LayerThread => {
                 Some(RetryPolicies::both(RetryPolicy::default()))
             }
             Self::LayerNoAdmission | Self::LayerQueue => Some(RetryPolicies::both(
@@ -854,6 +941,14 @@ impl Config {
                 Db::from(open_pool(path, pool_size, busy_timeout).await?)
                     .with_write_path(&name)
                     .expect("a SQLite pool")
+            }
+            Self::LayerThread => {
+                let name = path
+                    .file_name()
+                    .map_or_else(|| "items.db".into(), |n| n.to_string_lossy());
+                Db::from(open_pool(path, pool_size, busy_timeout).await?)
+                    .with_write_thread(&name)
+                    .map_err(sqlx::Error::Configuration)?
             }
             _ => Db::from(open_pool(path, pool_size, busy_timeout).await?),
         })

@@ -77,6 +77,9 @@ pub(crate) enum Begin {
     /// SQLite's write path, `WritePool::begin()` (the turn, then `BEGIN IMMEDIATE` on its
     /// writer connection): `layer-write`.
     WritePath,
+    /// The writer thread, a rusqlite `WriteThread` (the turn, then the transaction as a
+    /// closure on the thread that owns the writer connection): `layer-thread`.
+    WriteThread,
 }
 
 /// One run: a fresh table, `instances` copies of the app (each its own server, pool and
@@ -396,6 +399,7 @@ pub(crate) async fn run(scenario: Scenario) -> Result<Report, BoxError> {
             Begin::Deferred => db,
             Begin::Immediate => db.begin_immediate(),
             Begin::WritePath => db.with_write_path(&database)?,
+            Begin::WriteThread => db.with_write_thread(&database)?,
         };
         let (app, metrics) = router(db.clone(), retry.clone());
         // A real server on a real socket: what a client sees, keep-alive and all.
@@ -485,7 +489,7 @@ pub(crate) async fn run(scenario: Scenario) -> Result<Report, BoxError> {
     };
     // The instances (all in this process, on one database) share its turn: one reading covers
     // them all.
-    let write_turn = (begin == Begin::WritePath).then(|| {
+    let write_turn = matches!(begin, Begin::WritePath | Begin::WriteThread).then(|| {
         let (mut transactions, mut busy) = (0, Duration::ZERO);
         if let (Some(db), Some(before)) = (dbs.first(), turns_before.first())
             && let Some(after) = db.write_stats()
