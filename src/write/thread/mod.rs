@@ -28,7 +28,10 @@
 //! - **Group commit** (WAL, `synchronous = FULL`, on by default): the writer connection runs at
 //!   `NORMAL`, and a closure's result is handed back only once an fsync of the WAL that started
 //!   after its `COMMIT` completed; the fsyncs run on a thread of their own, and every closure
-//!   that committed while one ran shares the next. Each closure is its own SQLite transaction:
+//!   that committed while one ran shares the next. A closure that commits alone (no other
+//!   closure sent, no fsync under way or waiting) has nothing to share it with: the writer
+//!   thread syncs the WAL itself, as SQLite's `COMMIT` at `FULL` would, without the hand-off
+//!   to the fsync thread and back. Each closure is its own SQLite transaction:
 //!   all-or-nothing, and blind to another's failure. After a failed sync of the WAL the file is
 //!   refused every write until the process restarts, as on the sqlx path (`mod.rs`, "Group
 //!   commit").
@@ -44,6 +47,7 @@
 //!   stalled disk waits just the same; here the level would have to change per driver.)
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
 use std::time::Duration;
 
@@ -178,6 +182,8 @@ impl WriteThreadOptions {
 /// go through, the file's turn, and group commit's fsync.
 pub(super) struct Core<C> {
     jobs: mpsc::Sender<Job<C>>,
+    /// Closures sent and not yet taken by the writer thread.
+    queued: Arc<AtomicUsize>,
     queue: Arc<Queue>,
     path: PathBuf,
     /// Group commit's fsync thread, for the test seam.
@@ -188,6 +194,7 @@ impl<C> Clone for Core<C> {
     fn clone(&self) -> Self {
         Self {
             jobs: self.jobs.clone(),
+            queued: Arc::clone(&self.queued),
             queue: Arc::clone(&self.queue),
             path: self.path.clone(),
             fsync: self.fsync.clone(),
@@ -233,8 +240,10 @@ impl<C: Owned> Core<C> {
             None
         };
         let (jobs, received) = mpsc::channel::<Job<C>>();
+        let queued = Arc::new(AtomicUsize::new(0));
         let writer = Writer {
             conn,
+            queued: Arc::clone(&queued),
             queue: Arc::clone(&queue),
             runtime: tokio::runtime::Handle::try_current().ok(),
             fsync: fsync.clone(),
@@ -264,6 +273,7 @@ impl<C: Owned> Core<C> {
         }
         Ok(Self {
             jobs,
+            queued,
             queue,
             path,
             fsync,
@@ -294,7 +304,9 @@ impl<C: Owned> Core<C> {
         let job: Job<C> = Box::new(move |writer: &mut Writer<C>| {
             writer.run(request, deadline, body, errors, answer);
         });
+        self.queued.fetch_add(1, Ordering::Relaxed);
         if self.jobs.send(job).is_err() {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
             return Err(misuse(GONE));
         }
         match answered.await {
@@ -331,6 +343,9 @@ const GONE: &str = "the write transaction ended without an answer: its closure p
 /// The writer thread's side: the connection, and what each closure needs.
 struct Writer<C> {
     conn: C,
+    /// Closures sent and not yet taken (`Core::queued`): none means a closure that committed
+    /// is alone, with nothing to share an fsync with.
+    queued: Arc<AtomicUsize>,
     queue: Arc<Queue>,
     /// For a closure that must wait for a turn held elsewhere in the process.
     runtime: Option<tokio::runtime::Handle>,
@@ -346,6 +361,7 @@ impl<C: Owned> Writer<C> {
     /// told the writer's error), the connection made clean, and the next closure runs.
     fn serve(mut self, jobs: mpsc::Receiver<Job<C>>) {
         while let Ok(job) = jobs.recv() {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
             let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut self)));
             if ran.is_err() {
                 let recovered = self.conn.recover();
@@ -442,13 +458,17 @@ impl<C: Owned> Writer<C> {
                 // The next closure may run: this one's commit is done, its turn over.
                 drop(turn);
                 let not_durable = errors.not_durable;
+                let alone = self.queued.load(Ordering::Relaxed) == 0;
                 match &self.fsync {
-                    Some(fsync) => fsync.committed(Box::new(move |durable| {
-                        if durable.is_err() {
-                            recorder::write_error(Some(&database), WriteStage::Sync);
-                        }
-                        let _ = answer.send(durable.map(|()| value).map_err(not_durable));
-                    })),
+                    Some(fsync) => fsync.committed(
+                        Box::new(move |durable| {
+                            if durable.is_err() {
+                                recorder::write_error(Some(&database), WriteStage::Sync);
+                            }
+                            let _ = answer.send(durable.map(|()| value).map_err(not_durable));
+                        }),
+                        alone,
+                    ),
                     None => {
                         let answered = match self.queue.refused() {
                             Some(why) => {
@@ -517,11 +537,28 @@ impl Fsync {
 
     /// A closure's `COMMIT` returned: its place in the next fsync (which therefore starts
     /// after it). Told at once once group commit stopped.
-    fn committed(&self, deliver: Deliver) {
+    ///
+    /// `alone`: no other closure waits for the writer thread. Then, if no fsync is under way
+    /// or waiting either, there is nothing to share it with: the writer thread syncs here,
+    /// as SQLite's own `COMMIT` at `FULL` would, without the hand-off to the fsync thread and
+    /// back (the next closure, if one comes meanwhile, waits for this fsync, as it would for
+    /// a `COMMIT` at `FULL`).
+    fn committed(&self, deliver: Deliver, alone: bool) {
         let mut state = self.lock();
         if let Some(why) = state.stopped.clone() {
             drop(state);
             deliver(Err(GroupCommitFailed::new(why.to_string())));
+            return;
+        }
+        if alone
+            && state.waiting.is_empty()
+            && state.in_flight == 0
+            && !state.held
+            && !state.closing
+        {
+            state.in_flight = 1;
+            drop(state);
+            self.sync_for(vec![deliver]);
             return;
         }
         state.waiting.push(deliver);
@@ -598,39 +635,45 @@ impl Fsync {
                 state.in_flight = batch.len();
                 batch
             };
-            let started = std::time::Instant::now();
-            let synced = self.wal.sync();
-            let took = started.elapsed();
-            let members = batch.len();
-            let group = self.queue.counts().synced(members);
-            crate::recorder::write_group(self.queue.database(), members, took);
-            tracing::debug!(
-                db.namespace = %self.queue.database(),
-                db.write.group = group,
-                db.write.transactions = members,
-                db.write.fsync_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
-                db.write.fsync_ok = synced.is_ok(),
-                "group commit: an fsync of the WAL ran for the transactions waiting"
-            );
-            let told: Result<(), Arc<str>> = match synced {
-                Err(error) if error.is_the_disks() => {
-                    Err(self.stop(&format!("group {group}: {error}")))
-                }
-                Err(error) => Err(Arc::from(format!("group {group}: {error}"))),
-                // A sync of the file's WAL that failed elsewhere meanwhile fails this group too.
-                Ok(()) => match self.queue.refused() {
-                    Some(why) => Err(why),
-                    None => Ok(()),
-                },
-            };
-            for deliver in batch {
-                deliver(
-                    told.clone()
-                        .map_err(|why| GroupCommitFailed::new(why.to_string())),
-                );
-            }
-            self.lock().in_flight = 0;
-            self.room.notify_all();
+            self.sync_for(batch);
         }
+    }
+
+    /// One fsync of the WAL for `batch` (counted `in_flight`), each told its outcome; then
+    /// room for the writer thread.
+    fn sync_for(&self, batch: Vec<Deliver>) {
+        let started = std::time::Instant::now();
+        let synced = self.wal.sync();
+        let took = started.elapsed();
+        let members = batch.len();
+        let group = self.queue.counts().synced(members);
+        crate::recorder::write_group(self.queue.database(), members, took);
+        tracing::debug!(
+            db.namespace = %self.queue.database(),
+            db.write.group = group,
+            db.write.transactions = members,
+            db.write.fsync_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+            db.write.fsync_ok = synced.is_ok(),
+            "group commit: an fsync of the WAL ran for the transactions waiting"
+        );
+        let told: Result<(), Arc<str>> = match synced {
+            Err(error) if error.is_the_disks() => {
+                Err(self.stop(&format!("group {group}: {error}")))
+            }
+            Err(error) => Err(Arc::from(format!("group {group}: {error}"))),
+            // A sync of the file's WAL that failed elsewhere meanwhile fails this group too.
+            Ok(()) => match self.queue.refused() {
+                Some(why) => Err(why),
+                None => Ok(()),
+            },
+        };
+        for deliver in batch {
+            deliver(
+                told.clone()
+                    .map_err(|why| GroupCommitFailed::new(why.to_string())),
+            );
+        }
+        self.lock().in_flight = 0;
+        self.room.notify_all();
     }
 }
