@@ -46,14 +46,18 @@
 //! - `claim p50`, `claim p99`, `claim max`: a successful claim's time, from the start of its
 //!   first try, its retries and their sleeps included, to its commit (a failed claim has no
 //!   latency: it is counted as failed; so `no retry`'s figures are of the last try alone);
+//! - `item wait p50`, `item wait p99`, `item wait max`: an item's time in the queue, from its
+//!   insert's commit to its claim's commit: what the dispatcher's user waits for. Unlike the
+//!   claim's time it sees a worker asleep in a backoff (the items it would have claimed
+//!   meanwhile wait) and a backlog of items;
 //! - `retries`: tries after a claim's first (for `backoff` and `write path`, checked against
 //!   the `Operation`'s own counters); `claims retried`: claims that needed at least one;
 //! - `integrity`: `PRAGMA integrity_check` says `ok`, the table has every produced item and none
 //!   left pending, each item's `taken_by` is the worker whose done log has it, and every
 //!   produced item was done exactly once.
 //!
-//! Then the ratio of `backoff` to `text-matched` (items/s: above 1 is more; claim p99: below 1
-//! is faster), per round too, and the verdict. What to look for: a percentile is only as wide
+//! Then the ratio of `backoff` to `text-matched` (items/s: above 1 is more; claim p99 and item
+//! wait p99: below 1 is faster), per round too, and the verdict. What to look for: a percentile is only as wide
 //! as the share of claims behind it. When fewer than 1 % of the claims retried (`claims
 //! retried`), the p99 does not see them: their time is in `claim max`. And a worker asleep
 //! claims nothing: whether that costs throughput depends on what processing an item takes
@@ -370,6 +374,8 @@ struct Progress {
 struct WorkerLog {
     /// The items it claimed and processed, in order.
     done: Vec<i64>,
+    /// When each of `done` was claimed (its claim's commit).
+    claimed_at: Vec<Instant>,
     /// Each successful claim's time, first try to commit.
     latencies: Vec<Duration>,
     claims_failed: u64,
@@ -386,6 +392,8 @@ struct WorkerLog {
 #[derive(Debug, Default)]
 struct ProducerLog {
     ids: Vec<i64>,
+    /// When each of `ids` was inserted (its commit).
+    produced_at: Vec<Instant>,
     insert_errors: u64,
 }
 
@@ -456,6 +464,7 @@ async fn produce(
             }
         };
         log.ids.push(id);
+        log.produced_at.push(Instant::now());
         // After the commit: a worker that sees this count sees the item.
         progress.send_modify(|p| p.produced += 1);
     }
@@ -563,6 +572,7 @@ async fn work(
                     tokio::time::sleep(Duration::from_micros(setup.io_us)).await;
                 }
                 log.done.push(id);
+                log.claimed_at.push(now);
             }
             Ok(None) => {
                 if seen.finished == setup.producers {
@@ -604,6 +614,8 @@ struct RunReport {
     /// From the start to the last worker's end.
     elapsed_s: f64,
     claim_ms: Latency,
+    /// An item's wait: from its insert's commit to its claim's commit.
+    wait_ms: Latency,
     integrity: Integrity,
     /// The first error of a failed claim, if any.
     first_failure: Option<String>,
@@ -823,6 +835,20 @@ async fn run_column(
         Writer::Pool(pool) => pool.close().await,
     }
 
+    // Each item's wait, from its insert's commit to its (first) claim's commit.
+    let produced_at: HashMap<i64, Instant> = produced_logs
+        .iter()
+        .flat_map(|l| l.ids.iter().copied().zip(l.produced_at.iter().copied()))
+        .collect();
+    let mut waits: Vec<f64> = logs
+        .iter()
+        .flat_map(|l| l.done.iter().zip(&l.claimed_at))
+        .filter_map(|(id, claimed)| {
+            let produced = produced_at.get(id)?;
+            Some(claimed.saturating_duration_since(*produced).as_secs_f64() * 1000.0)
+        })
+        .collect();
+    waits.sort_by(f64::total_cmp);
     let mut latencies: Vec<f64> = logs
         .iter()
         .flat_map(|l| l.latencies.iter().map(|d| d.as_secs_f64() * 1000.0))
@@ -855,6 +881,11 @@ async fn run_column(
             p50: percentile(&latencies, 0.50),
             p99: percentile(&latencies, 0.99),
             max: latencies.last().copied().unwrap_or(0.0),
+        },
+        wait_ms: Latency {
+            p50: percentile(&waits, 0.50),
+            p99: percentile(&waits, 0.99),
+            max: waits.last().copied().unwrap_or(0.0),
         },
         integrity,
         first_failure: logs.iter().find_map(|l| l.first_failure.clone()),
@@ -902,6 +933,9 @@ struct MedianReport {
     claim_p50_ms: f64,
     claim_p99_ms: f64,
     claim_max_ms: f64,
+    wait_p50_ms: f64,
+    wait_p99_ms: f64,
+    wait_max_ms: f64,
     /// Rounds whose integrity check failed.
     integrity_broken_rounds: u32,
 }
@@ -922,6 +956,9 @@ impl MedianReport {
             claim_p50_ms: m(&|r| r.claim_ms.p50),
             claim_p99_ms: m(&|r| r.claim_ms.p99),
             claim_max_ms: m(&|r| r.claim_ms.max),
+            wait_p50_ms: m(&|r| r.wait_ms.p50),
+            wait_p99_ms: m(&|r| r.wait_ms.p99),
+            wait_max_ms: m(&|r| r.wait_ms.max),
             integrity_broken_rounds: runs.iter().filter(|r| !r.integrity.ok).count() as u32,
         }
     }
@@ -1136,6 +1173,7 @@ async fn run(args: &Args) -> Result<bool, BoxError> {
             "backoff_vs_text_matched": {
                 "items_per_s": backoff.items_per_s / text.items_per_s.max(f64::MIN_POSITIVE),
                 "claim_p99": backoff.claim_p99_ms / text.claim_p99_ms.max(f64::MIN_POSITIVE),
+                "item_wait_p99": backoff.wait_p99_ms / text.wait_p99_ms.max(f64::MIN_POSITIVE),
             },
             "no_retry_failed_rounds": no_retry_failed_rounds,
             "pass": pass,
@@ -1151,23 +1189,28 @@ async fn run(args: &Args) -> Result<bool, BoxError> {
     println!();
     println!(
         "backoff ÷ text-matched, medians: items/s {} (above 1: more), claim p99 {} (below 1: \
-         faster)",
+         faster), item wait p99 {} (below 1: sooner)",
         ratio(backoff.items_per_s, text.items_per_s),
-        ratio(backoff.claim_p99_ms, text.claim_p99_ms)
+        ratio(backoff.claim_p99_ms, text.claim_p99_ms),
+        ratio(backoff.wait_p99_ms, text.wait_p99_ms)
     );
     if rounds.len() > 1 {
         let per_round: Vec<String> = rounds
             .iter()
             .map(|r| {
                 format!(
-                    "round {}: {} / {}",
+                    "round {}: {} / {} / {}",
                     r[0].round,
                     ratio(r[2].items_per_s, r[1].items_per_s),
-                    ratio(r[2].claim_ms.p99, r[1].claim_ms.p99)
+                    ratio(r[2].claim_ms.p99, r[1].claim_ms.p99),
+                    ratio(r[2].wait_ms.p99, r[1].wait_ms.p99)
                 )
             })
             .collect();
-        println!("  per round (items/s / p99): {}", per_round.join(", "));
+        println!(
+            "  per round (items/s / claim p99 / item wait p99): {}",
+            per_round.join(", ")
+        );
     }
     let inserts: u64 = rounds.iter().flatten().map(|r| r.insert_errors).sum();
     if inserts > 0 {
@@ -1217,6 +1260,9 @@ fn print_medians(medians: &[MedianReport], rounds: u32) {
         ("claim p50", each(&|m| ms(m.claim_p50_ms))),
         ("claim p99", each(&|m| ms(m.claim_p99_ms))),
         ("claim max", each(&|m| ms(m.claim_max_ms))),
+        ("item wait p50", each(&|m| ms(m.wait_p50_ms))),
+        ("item wait p99", each(&|m| ms(m.wait_p99_ms))),
+        ("item wait max", each(&|m| ms(m.wait_max_ms))),
         ("retries", each(&|m| count(m.retries))),
         ("claims retried", each(&|m| count(m.claims_retried))),
         (
@@ -1247,6 +1293,7 @@ fn print_rounds(rounds: &[Vec<RunReport>]) {
         "p50 ms",
         "p99 ms",
         "max ms",
+        "wait p99",
         "retries",
         "retried",
         "integrity",
@@ -1264,6 +1311,7 @@ fn print_rounds(rounds: &[Vec<RunReport>]) {
             format!("{:.1}", r.claim_ms.p50),
             format!("{:.1}", r.claim_ms.p99),
             format!("{:.1}", r.claim_ms.max),
+            format!("{:.1}", r.wait_ms.p99),
             r.retries.to_string(),
             r.claims_retried.to_string(),
             if r.integrity.ok { "OK" } else { "BROKEN" }.to_string(),
