@@ -51,7 +51,9 @@
 //! For investigations: `--turn-stats FILE` (each `layer-write` server appends its write turn's
 //! transactions and mean time held when it stops), `--global-queue-interval N` (the servers'
 //! tokio setting), `--server-cpus LIST` (each server under `taskset -c LIST`; run the bench
-//! itself under `taskset -c` another CPU, and client and server share no core).
+//! itself under `taskset -c` another CPU, and client and server share no core), and the
+//! environment variable `WRITEPATH_AUTOCHECKPOINT` (every connection's `wal_autocheckpoint`,
+//! which the write path's checkpointer follows; 1,000 pages, SQLite's default, unless set).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
