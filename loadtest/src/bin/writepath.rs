@@ -52,8 +52,10 @@
 //! transactions and mean time held when it stops), `--global-queue-interval N` (the servers'
 //! tokio setting), `--server-cpus LIST` (each server under `taskset -c LIST`; run the bench
 //! itself under `taskset -c` another CPU, and client and server share no core), and the
-//! environment variable `WRITEPATH_AUTOCHECKPOINT` (every connection's `wal_autocheckpoint`,
-//! which the write path's checkpointer follows; 1,000 pages, SQLite's default, unless set).
+//! environment variables `WRITEPATH_AUTOCHECKPOINT` (every connection's `wal_autocheckpoint`,
+//! which the write path's checkpointer follows; 1,000 pages, SQLite's default, unless set),
+//! `WRITEPATH_READ_LIMIT` and `WRITEPATH_READ_WAIT_MS` (the `-read-limit` configurations'
+//! reads at once and longest wait, instead of the layer's defaults: one per core, 10 ms).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -568,9 +570,21 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
             ) {
                 let cores =
                     std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN);
-                layer = layer.limit_reads_while_writers_wait(
-                    tower_sqlite_retry::policy::ReadLimit::new(cores),
-                );
+                // For investigations: `WRITEPATH_READ_LIMIT` (reads at once) and
+                // `WRITEPATH_READ_WAIT_MS` (a held-back read's longest wait) instead of the
+                // layer's defaults.
+                let reads = std::env::var("WRITEPATH_READ_LIMIT")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(cores);
+                let mut limit = tower_sqlite_retry::policy::ReadLimit::new(reads);
+                if let Some(ms) = std::env::var("WRITEPATH_READ_WAIT_MS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                {
+                    limit = limit.max_wait(Duration::from_millis(ms));
+                }
+                layer = layer.limit_reads_while_writers_wait(limit);
             }
             router = router.layer(layer);
         }
