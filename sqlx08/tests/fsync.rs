@@ -13,7 +13,10 @@
 //! updated only by `fsync`/`fdatasync`, and makes the WAL's next fsync fail on command
 //! (`.ctl/fail-next-fsync:<file>`). Once the child has exited, the test copies each shadow over
 //! its file (the power loss) and opens the database afresh: every write the child was told was
-//! durable must be there.
+//! durable must be there. The shim, the simulated disk, the child and the power loss are the
+//! main crate's power-loss harness (`../tests/power_loss/harness.rs`, included from the
+//! checkout: outside this package, so these tests build in the main crate's checkout only);
+//! the scenarios, on sqlx 0.8, are here.
 //!
 //! - `after_a_failed_fsync_later_commits_are_not_acknowledged_by_group_commit`: two commits
 //!   waiting for a shared fsync that fails are not `Ok`, and later writes are refused.
@@ -24,12 +27,14 @@
 //! `fault_child` then does the child's part (without it, it returns).
 #![cfg(target_os = "linux")]
 
+#[path = "../../tests/power_loss/harness.rs"]
+mod harness;
+
 use std::collections::BTreeSet;
-use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+use harness::{DB, FaultChild, assert_refused, names_the_disk, shim_command};
 
 use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
@@ -39,154 +44,16 @@ use tower_sqlite_retry_sqlx08::WritePool;
 const CHILD: &str = "TSR_SQLX08_FAULT_CHILD";
 /// The child's entry point, by its full name in this test binary.
 const FAULT_CHILD: &str = "fault_child";
-/// The database's file name, in the shim's directory.
-const DB: &str = "db.sqlite";
+/// The fault child, for the harness.
+const FAULT: FaultChild = FaultChild {
+    var: CHILD,
+    entry: FAULT_CHILD,
+    timeout: Duration::from_secs(120),
+};
 
 // ---------------------------------------------------------------------------------------------
-// Skips, the shim and the simulated disk
+// The database (the shim and the simulated disk are the harness')
 // ---------------------------------------------------------------------------------------------
-
-/// Says that `test` skipped its check, and why, where someone will see it: a `SKIPPED:` line on
-/// stderr (libtest shows it only for a failing test), and a line appended to the file
-/// `TSR_SKIP_LOG` names, if set, which `.ci/run` counts (the main crate's `common::skipped`:
-/// this package cannot use the main crate's test helpers).
-fn skipped(test: &str, why: &str) {
-    use std::io::Write;
-    let line = format!("SKIPPED: {test}: {why}");
-    eprintln!("{line}");
-    if let Some(path) = std::env::var_os("TSR_SKIP_LOG") {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path);
-        // one write per line, in append mode: lines of parallel tests never interleave
-        if let Ok(mut log) = log {
-            let _ = log.write_all(format!("{line}\n").as_bytes());
-        }
-    }
-}
-
-/// The shim, built once per test process; `None` (after a `SKIPPED:` line) without a C
-/// compiler or without the shim's source.
-fn shim(test: &str) -> Option<&'static Path> {
-    static SHIM: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    match SHIM.get_or_init(build_shim) {
-        Ok(path) => Some(path),
-        Err(why) => {
-            skipped(test, why);
-            None
-        }
-    }
-}
-
-/// Builds the main crate's shim into this package's target directory. Its source is outside
-/// this package: a build from the published package alone has none, and says so.
-fn build_shim() -> Result<PathBuf, String> {
-    let source = Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/power_loss/shim.c"
-    ));
-    if !source.exists() {
-        return Err(format!(
-            "no power-loss shim source at {} (outside the main crate's checkout)",
-            source.display()
-        ));
-    }
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("power_loss");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    // Built under a name of this process's, then renamed: another test process may be loading
-    // the previous one.
-    let building = dir.join(format!("shim-{}.so", std::process::id()));
-    let out = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O2", "-o"])
-        .arg(&building)
-        .arg(source)
-        .args(["-ldl", "-lpthread"])
-        .output()
-        .map_err(|e| format!("no C compiler to build the power-loss shim (`cc`: {e})"))?;
-    if !out.status.success() {
-        let _ = std::fs::remove_file(&building);
-        return Err(format!(
-            "`cc` could not build the power-loss shim ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let shim = dir.join("shim.so");
-    std::fs::rename(&building, &shim).map_err(|e| format!("cannot rename the shim: {e}"))?;
-    Ok(shim)
-}
-
-/// A database directory the shim tracks (`TSR_SHIM_DIR`), and its durable shadows
-/// (`TSR_SHIM_DURABLE`): what each file holds after a power loss.
-struct Disk {
-    root: tempfile::TempDir,
-    dir: PathBuf,
-    durable: PathBuf,
-}
-
-impl Disk {
-    fn new() -> Self {
-        let root = tempfile::tempdir().expect("tempdir");
-        let dir = root.path().join("db");
-        let durable = root.path().join("durable");
-        std::fs::create_dir(&dir).unwrap();
-        std::fs::create_dir(&durable).unwrap();
-        Self { root, dir, durable }
-    }
-
-    fn db(&self) -> PathBuf {
-        self.dir.join(DB)
-    }
-
-    /// The file names of both directories (`-shm` aside: it is rebuilt on recovery).
-    fn names(&self) -> BTreeSet<String> {
-        let mut names = BTreeSet::new();
-        for dir in [&self.dir, &self.durable] {
-            for entry in std::fs::read_dir(dir).unwrap() {
-                let entry = entry.unwrap();
-                if entry.file_type().unwrap().is_file() {
-                    let name = entry.file_name().into_string().unwrap();
-                    if !name.ends_with("-shm") {
-                        names.insert(name);
-                    }
-                }
-            }
-        }
-        names
-    }
-
-    /// The power loss, once the child is gone: every file becomes its shadow (no shadow: the
-    /// file is gone), `-shm` is deleted. Returns the names that had a shadow.
-    fn power_loss(&self) -> BTreeSet<String> {
-        let mut shadowed = BTreeSet::new();
-        for name in self.names() {
-            let shadow = self.durable.join(&name);
-            let real = self.dir.join(&name);
-            if shadow.exists() {
-                std::fs::copy(&shadow, &real).unwrap();
-                shadowed.insert(name);
-            } else if real.exists() {
-                std::fs::remove_file(&real).unwrap();
-            }
-        }
-        let shm = self.dir.join(format!("{DB}-shm"));
-        if shm.exists() {
-            std::fs::remove_file(shm).unwrap();
-        }
-        shadowed
-    }
-
-    /// The environment of a child under the shim; no fsync delay (the fsync is held and
-    /// released by the scenario itself).
-    fn shim_env(&self, command: &mut Command, shim: &Path) {
-        command
-            .env("LD_PRELOAD", shim)
-            .env("TSR_SHIM_DIR", &self.dir)
-            .env("TSR_SHIM_DURABLE", &self.durable)
-            .env("TSR_SHIM_FSYNC_DELAY_US", "0");
-    }
-}
 
 /// WAL at `FULL` with a busy timeout of 5 s: the settings under which group commit shares
 /// the WAL's fsync.
@@ -200,111 +67,18 @@ fn options(path: &Path) -> SqliteConnectOptions {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The child and what its harness said
+// The child
 // ---------------------------------------------------------------------------------------------
 
-/// A child process of this test binary running its entry point `name` (an `#[ignore]`d test)
-/// alone, as the main crate's `common::child_test` runs its children.
-fn child_test(name: &str) -> Command {
-    let mut command = Command::new(std::env::current_exe().expect("this binary"));
-    command.args([
-        name,
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads",
-        "1",
-    ]);
-    command
-}
-
-/// What a finished child's harness said about its entry point: a child whose filter matched
-/// nothing (a renamed test) says `running 0 tests` and exits 0, so the parent must ask (the
-/// main crate's `common::ChildRan`).
-#[derive(Debug, Default)]
-struct ChildRan {
-    started: bool,
-    passed: bool,
-}
-
-impl ChildRan {
-    /// Reads all of the child's output.
-    fn output(output: &str) -> Self {
-        let mut ran = Self::default();
-        for line in output.lines() {
-            if line.trim() == "running 1 test" {
-                ran.started = true;
-            }
-            if line.contains("test result: ok. 1 passed") {
-                ran.passed = true;
-            }
-        }
-        ran
-    }
-
-    /// Panics unless the child ran its one entry point and it passed.
-    fn assert_passed(&self, name: &str, output: &str) {
-        assert!(
-            self.started,
-            "the child ran no test: is `{name}` its full name?\n{output}"
-        );
-        assert!(self.passed, "the child's `{name}` did not pass:\n{output}");
-    }
-}
-
-/// Runs `scenario` in a child under the shim; `Err` with its output if it failed. Its disk,
-/// for the power loss that follows.
-fn run_fault_child(scenario: &str, shim: &Path) -> Result<(String, Disk), String> {
-    let disk = Disk::new();
-    let out_path = disk.root.path().join("child.out");
-    let out = std::fs::File::create(&out_path).unwrap();
-    let mut command = child_test(FAULT_CHILD);
-    command
-        .env(CHILD, format!("fault:{scenario}:{}", disk.dir.display()))
-        .stdout(out.try_clone().unwrap())
-        .stderr(out);
-    disk.shim_env(&mut command, shim);
-    let mut child = command.spawn().expect("spawn the child");
-    // Bounded: a scenario that hangs (a commit that never returns) fails the test, it does not
-    // hang it.
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if started.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let output = std::fs::read_to_string(&out_path).unwrap_or_default();
-    match status {
-        Some(status) if status.success() => {
-            // exit 0 is also a child whose filter matched no test: it must say it ran one
-            ChildRan::output(&output).assert_passed(FAULT_CHILD, &output);
-            Ok((output, disk))
-        }
-        Some(status) => Err(format!("the child exited {status}:\n{output}")),
-        None => Err(format!("the child did not finish within 120 s:\n{output}")),
-    }
-}
-
 /// The child side: `fault:<scenario>:<dir>`. Not a test on its own: run by
-/// [`run_fault_child`]; a no-op without its variable.
+/// `harness::run_fault_child`; a no-op without its variable.
 #[test]
 #[ignore = "a child process's entry point, run by the fsync-error tests"]
 fn fault_child() {
-    let Some(spec) = std::env::var(CHILD)
-        .ok()
-        .filter(|s| s.starts_with("fault:"))
-    else {
+    let Some([scenario, dir]) = harness::child_job(CHILD, "fault") else {
         return;
     };
-    let mut parts = spec.splitn(3, ':').skip(1);
-    let scenario = parts.next().expect("scenario").to_owned();
-    let dir = PathBuf::from(parts.next().expect("dir"));
+    let dir = PathBuf::from(dir);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -413,31 +187,6 @@ async fn commit_in_background(
     commit
 }
 
-/// Runs a shim command (`.ctl/<command>`): the open fails with `NotFound` once it ran.
-fn shim_command(dir: &Path, command: &str) {
-    let error = std::fs::File::open(dir.join(".ctl").join(command)).expect_err("a shim command");
-    assert_eq!(
-        error.kind(),
-        ErrorKind::NotFound,
-        "the shim ran `{command}` ({error}; InvalidInput: unknown command, other: no such file)"
-    );
-}
-
-/// Whether an error says it is the disk's or the fsync's.
-fn names_the_disk(error: &str) -> bool {
-    let error = error.to_lowercase();
-    error.contains("disk") || error.contains("fsync")
-}
-
-/// `later` was refused (the database's writes are, after its WAL failed to sync).
-fn assert_refused(name: &str, later: Result<(), String>) {
-    let error = later.expect_err(&format!("{name} acknowledged after the WAL failed to sync"));
-    assert!(
-        error.contains("write refused") && names_the_disk(&error),
-        "{name}: refused, saying why: {error}"
-    );
-}
-
 /// None of `names` is in the file.
 async fn assert_not_in_file(pool: &SqlitePool, names: &[&str]) {
     for name in names {
@@ -525,42 +274,17 @@ async fn failed_fsync_two_pools(dir: &Path) {
 // The tests (the parent: the child, then the power loss)
 // ---------------------------------------------------------------------------------------------
 
-/// Runs `scenario` in a child under the shim (it fails if the scenario fails), then the power
-/// loss: every write the child printed as acknowledged (`fault: acked <name>`) must be in the
-/// file a fresh process recovers.
+/// Runs `scenario` in the fault child, then the power loss: every write the child printed as
+/// acknowledged (`fault: acked <name>`) must be in the file a fresh process recovers
+/// (`harness::fault_test`).
 fn fault_test(test: &str, scenario: &str) {
-    let Some(shim) = shim(test) else { return };
-    let (output, disk) = match run_fault_child(scenario, shim) {
-        Ok(done) => done,
-        Err(why) => panic!("{test}: {why}"),
-    };
-    for line in output.lines().filter(|l| l.starts_with("fault:")) {
-        eprintln!("{test}: {line}");
-    }
-    // A write acknowledged after the failure, were there one, would be lost with the frames
-    // the failed fsync left off the disk.
-    let acked: Vec<&str> = output
-        .lines()
-        // (the first line the child prints follows the harness' `test ... ` on its line)
-        .filter_map(|l| l.split_once("fault: acked ").map(|(_, name)| name.trim()))
-        .collect();
-    assert!(
-        !acked.is_empty(),
-        "{test}: the child acknowledged a write before the fault"
-    );
-    let shadowed = disk.power_loss();
-    let names = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(names_in(&disk.db()));
-    eprintln!("{test}: after the power loss ({shadowed:?}): {names:?}");
-    for name in acked {
-        assert!(
-            names.contains(name),
-            "{test}: {name}, acknowledged, lost in the power loss after the fault: {names:?}"
-        );
-    }
+    harness::fault_test(test, &FAULT, scenario, |path| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(names_in(path))
+    });
 }
 
 /// The `name` of every row of `items`, as a fresh process with sqlx 0.8 finds the file (SQLite

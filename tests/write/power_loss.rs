@@ -7,7 +7,10 @@
 //! for every file of the database's directory, a "durable shadow" updated only by
 //! `fsync`/`fdatasync`. After the SIGKILL, the test copies each shadow over its file (a file
 //! without one is deleted, as is `-shm`) and opens the database afresh: SQLite recovers what a
-//! machine that lost power would have found.
+//! machine that lost power would have found. The shim, the simulated disk, the children and
+//! the fault commands are the power-loss harness (`tests/power_loss/harness.rs`), shared with
+//! the sqlx 0.8 and Diesel packages' power-loss tests; the workloads and what must survive
+//! are here.
 //!
 //! - `every_acknowledged_write_survives_power_loss_with_group_commit`: the write path with
 //!   group commit, at `FULL`, under 64 HTTP clients, killed at a random moment (seeded; the
@@ -26,17 +29,20 @@
 //! `power_loss_child` and `fault_child` then do the child's part (without it they return).
 #![cfg(target_os = "linux")]
 
+#[path = "../power_loss/harness.rs"]
+mod harness;
+
 use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::OpenOptions;
-use std::io::{BufRead, BufReader, ErrorKind};
+use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -44,6 +50,7 @@ use axum::extract::{Path as UrlPath, State};
 use axum::http::StatusCode;
 use axum::routing::post;
 use common::commit_in_background;
+use harness::{DB, Disk, FaultChild, assert_refused, names_the_disk, shim, shim_command};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -56,8 +63,12 @@ const CHILD: &str = "TSR_POWER_LOSS_CHILD";
 /// The children's entry points, by their full names in this test binary.
 const SERVE_CHILD: &str = "power_loss::power_loss_child";
 const FAULT_CHILD: &str = "power_loss::fault_child";
-/// The database's file name, in the shim's directory.
-const DB: &str = "db.sqlite";
+/// The fault child, for the harness.
+const FAULT: FaultChild = FaultChild {
+    var: CHILD,
+    entry: FAULT_CHILD,
+    timeout: Duration::from_secs(120),
+};
 /// Kill rounds of the group commit test (each a fresh child on the same file).
 const ROUNDS: u32 = 6;
 /// Concurrent HTTP clients in the group commit test.
@@ -70,135 +81,8 @@ const CONTROL_WRITES: i64 = 20;
 const EIO: i32 = 5;
 
 // ---------------------------------------------------------------------------------------------
-// The shim and the simulated disk
+// The database (the shim and the simulated disk are the harness')
 // ---------------------------------------------------------------------------------------------
-
-/// The shim, built once per test process; `None` (after a `SKIPPED:` line) without a C compiler.
-fn shim(test: &str) -> Option<&'static Path> {
-    static SHIM: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    match SHIM.get_or_init(build_shim) {
-        Ok(path) => Some(path),
-        Err(why) => {
-            common::skipped(test, why);
-            None
-        }
-    }
-}
-
-fn build_shim() -> Result<PathBuf, String> {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/power_loss/shim.c");
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("power_loss");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    // Built under a name of this process's, then renamed: another test process may be loading
-    // the previous one.
-    let building = dir.join(format!("shim-{}.so", std::process::id()));
-    let out = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O2", "-o"])
-        .arg(&building)
-        .arg(&source)
-        .args(["-ldl", "-lpthread"])
-        .output()
-        .map_err(|e| format!("no C compiler to build the power-loss shim (`cc`: {e})"))?;
-    if !out.status.success() {
-        let _ = std::fs::remove_file(&building);
-        return Err(format!(
-            "`cc` could not build the power-loss shim ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let shim = dir.join("shim.so");
-    std::fs::rename(&building, &shim).map_err(|e| format!("cannot rename the shim: {e}"))?;
-    Ok(shim)
-}
-
-/// A database directory the shim tracks (`TSR_SHIM_DIR`), and its durable shadows
-/// (`TSR_SHIM_DURABLE`): what each file holds after a power loss.
-struct Disk {
-    _root: tempfile::TempDir,
-    dir: PathBuf,
-    durable: PathBuf,
-}
-
-impl Disk {
-    fn new() -> Self {
-        let root = tempfile::tempdir().expect("tempdir");
-        let dir = root.path().join("db");
-        let durable = root.path().join("durable");
-        std::fs::create_dir(&dir).unwrap();
-        std::fs::create_dir(&durable).unwrap();
-        Self {
-            _root: root,
-            dir,
-            durable,
-        }
-    }
-
-    fn db(&self) -> PathBuf {
-        self.dir.join(DB)
-    }
-
-    /// The file names of both directories (`-shm` aside: it is rebuilt on recovery).
-    fn names(&self) -> BTreeSet<String> {
-        let mut names = BTreeSet::new();
-        for dir in [&self.dir, &self.durable] {
-            for entry in std::fs::read_dir(dir).unwrap() {
-                let entry = entry.unwrap();
-                if entry.file_type().unwrap().is_file() {
-                    let name = entry.file_name().into_string().unwrap();
-                    if !name.ends_with("-shm") {
-                        names.insert(name);
-                    }
-                }
-            }
-        }
-        names
-    }
-
-    /// The power loss, once the child is dead: every file becomes its shadow (no shadow: the
-    /// file is gone), `-shm` is deleted. Returns the names that had a shadow.
-    fn power_loss(&self) -> BTreeSet<String> {
-        let mut shadowed = BTreeSet::new();
-        for name in self.names() {
-            let shadow = self.durable.join(&name);
-            let real = self.dir.join(&name);
-            if shadow.exists() {
-                std::fs::copy(&shadow, &real).unwrap();
-                shadowed.insert(name);
-            } else if real.exists() {
-                std::fs::remove_file(&real).unwrap();
-            }
-        }
-        let shm = self.dir.join(format!("{DB}-shm"));
-        if shm.exists() {
-            std::fs::remove_file(shm).unwrap();
-        }
-        shadowed
-    }
-
-    /// What this process (not under the shim) did to the files is durable: every shadow
-    /// becomes its file (no file: no shadow).
-    fn settle(&self) {
-        for name in self.names() {
-            let shadow = self.durable.join(&name);
-            let real = self.dir.join(&name);
-            if real.exists() {
-                std::fs::copy(&real, &shadow).unwrap();
-            } else if shadow.exists() {
-                std::fs::remove_file(&shadow).unwrap();
-            }
-        }
-    }
-
-    /// The environment of a child under the shim.
-    fn shim_env(&self, command: &mut Command, shim: &Path, fsync_delay_us: u64) {
-        command
-            .env("LD_PRELOAD", shim)
-            .env("TSR_SHIM_DIR", &self.dir)
-            .env("TSR_SHIM_DURABLE", &self.durable)
-            .env("TSR_SHIM_FSYNC_DELAY_US", fsync_delay_us.to_string());
-    }
-}
 
 fn options(path: &Path, synchronous: SqliteSynchronous) -> SqliteConnectOptions {
     SqliteConnectOptions::new()
@@ -245,13 +129,7 @@ async fn rows(path: &Path) -> BTreeMap<i64, i64> {
 /// What a process crash alone (no power loss) would leave: the files as they are, recovered
 /// from a copy.
 async fn rows_after_a_crash(disk: &Disk) -> BTreeMap<i64, i64> {
-    let copy = tempfile::tempdir().unwrap();
-    for name in [DB.to_owned(), format!("{DB}-wal")] {
-        let real = disk.dir.join(&name);
-        if real.exists() {
-            std::fs::copy(&real, copy.path().join(&name)).unwrap();
-        }
-    }
+    let copy = disk.crash_copy();
     rows(&copy.path().join(DB)).await
 }
 
@@ -291,19 +169,14 @@ async fn thread_write(
 }
 
 /// The serving child: `serve:<config>:<dir>`, until killed. Not a test on its own: run by the
-/// power-loss tests (`common::child_test`); a no-op without its variable.
+/// power-loss tests (`harness::child_command`); a no-op without its variable.
 #[test]
 #[ignore = "a child process's entry point, run by the power-loss tests"]
 fn power_loss_child() {
-    let Some(spec) = std::env::var(CHILD)
-        .ok()
-        .filter(|s| s.starts_with("serve:"))
-    else {
+    let Some([config, dir]) = harness::child_job(CHILD, "serve") else {
         return;
     };
-    let mut parts = spec.splitn(3, ':').skip(1);
-    let config = parts.next().expect("config").to_owned();
-    let dir = PathBuf::from(parts.next().expect("dir"));
+    let dir = PathBuf::from(dir);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -359,24 +232,22 @@ impl ChildServer {
     // The child is killed and waited for by `wait` (and on the failure paths below).
     #[allow(clippy::zombie_processes)]
     fn start(config: &str, disk: &Disk, shim: &Path, fsync_delay_us: u64) -> Self {
-        let mut command = common::child_test(SERVE_CHILD);
-        command
-            .env(CHILD, format!("serve:{config}:{}", disk.dir.display()))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        disk.shim_env(&mut command, shim, fsync_delay_us);
+        let job = format!("serve:{config}:{}", disk.dir.display());
+        let mut command =
+            harness::child_command(CHILD, SERVE_CHILD, &job, disk, shim, fsync_delay_us);
+        command.stdout(Stdio::piped()).stderr(Stdio::inherit());
         let mut child = command.spawn().expect("spawn the child server");
         let out = BufReader::new(child.stdout.take().unwrap());
         let (tx, rx) = std::sync::mpsc::channel();
         // Reads the address, then drains the child's stdout until it dies.
         std::thread::spawn(move || {
-            let mut ran = common::ChildRan::default();
+            let mut ran = harness::ChildRan::default();
             for line in out.lines() {
                 let Ok(line) = line else { break };
                 ran.line(&line);
                 // The harness writes `test power_loss_child ... ` before it, on the same line.
                 if let Some((_, addr)) = line.trim().split_once("listening ") {
-                    ran.assert_started(SERVE_CHILD);
+                    ran.assert_started(SERVE_CHILD, &line);
                     let _ = tx.send(addr.parse::<SocketAddr>().unwrap());
                 }
             }
@@ -456,18 +327,6 @@ fn spawn_clients(
         .collect()
 }
 
-fn seed() -> u64 {
-    std::env::var("TSR_POWER_LOSS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap();
-            now.as_secs() ^ u64::from(now.subsec_nanos())
-        })
-}
-
 /// Group commit at `FULL`, 64 clients, SIGKILL and power loss at a random moment, several
 /// rounds on one file: every write acknowledged before the kill is in the recovered file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -492,9 +351,9 @@ async fn every_acknowledged_write_survives_power_loss_on_the_writer_thread() {
 /// The kill rounds of the tests above, for the child's `config`.
 async fn survives_power_loss(test: &str, config: &str) {
     let Some(shim) = shim(test) else { return };
-    let seed = seed();
+    let seed = harness::seed();
     eprintln!("{test}: seed {seed} (TSR_POWER_LOSS_SEED={seed} replays the kill times)");
-    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut rng = harness::Rng(seed);
     let disk = Disk::new();
     create(&disk).await;
 
@@ -508,7 +367,7 @@ async fn survives_power_loss(test: &str, config: &str) {
         let base = i64::from(round + 1) * 1_000 * MAX_REQUESTS;
         let clients = spawn_clients(server.addr, CLIENTS, base, &book, &stop);
 
-        let delay = Duration::from_millis(rng.u64(200..=1500));
+        let delay = Duration::from_millis(rng.between((200, 1500)));
         tokio::time::sleep(delay).await;
         server.kill();
         stop.store(true, Ordering::Relaxed);
@@ -668,57 +527,15 @@ async fn control_normal_loses_acknowledged_writes() {
 // Fault injection: the child runs a scenario under the shim and fails (non-zero) if it fails
 // ---------------------------------------------------------------------------------------------
 
-/// Runs `scenario` in a child under the shim; `Err` with its output if it failed. Its disk,
-/// for the power loss that follows.
-fn run_fault_child(scenario: &str, shim: &Path) -> Result<(String, Disk), String> {
-    let disk = Disk::new();
-    let out_path = disk.durable.parent().unwrap().join("child.out");
-    let out = std::fs::File::create(&out_path).unwrap();
-    let mut command = common::child_test(FAULT_CHILD);
-    command
-        .env(CHILD, format!("fault:{scenario}:{}", disk.dir.display()))
-        .stdout(out.try_clone().unwrap())
-        .stderr(out);
-    disk.shim_env(&mut command, shim, 0);
-    let mut child = command.spawn().expect("spawn the child");
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if started.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let output = std::fs::read_to_string(&out_path).unwrap_or_default();
-    match status {
-        Some(status) if status.success() => {
-            // exit 0 is also a child whose filter matched no test: it must say it ran one
-            common::ChildRan::output(&output).assert_passed(FAULT_CHILD);
-            Ok((output, disk))
-        }
-        Some(status) => Err(format!("the child exited {status}:\n{output}")),
-        None => Err(format!("the child did not finish within 120 s:\n{output}")),
-    }
-}
-
 /// The child side: `fault:<scenario>:<dir>`. Not a test on its own: run by
-/// [`run_fault_child`]; a no-op without its variable.
+/// `harness::run_fault_child`; a no-op without its variable.
 #[test]
 #[ignore = "a child process's entry point, run by the fsync-error tests"]
 fn fault_child() {
-    let Some(spec) = std::env::var(CHILD)
-        .ok()
-        .filter(|s| s.starts_with("fault:"))
-    else {
+    let Some([scenario, dir]) = harness::child_job(CHILD, "fault") else {
         return;
     };
-    let mut parts = spec.splitn(3, ':').skip(1);
-    let scenario = parts.next().expect("scenario").to_owned();
-    let dir = PathBuf::from(parts.next().expect("dir"));
+    let dir = PathBuf::from(dir);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -769,22 +586,6 @@ async fn transaction(writes: &WritePool, name: &str) -> Result<(), String> {
         .await
         .map_err(|e| format!("insert: {e}"))?;
     tx.commit().await.map_err(|e| format!("commit: {e}"))
-}
-
-/// Runs a shim command (`.ctl/<command>`): the open fails with `NotFound` once it ran.
-fn shim_command(dir: &Path, command: &str) {
-    let error = std::fs::File::open(dir.join(".ctl").join(command)).expect_err("a shim command");
-    assert_eq!(
-        error.kind(),
-        ErrorKind::NotFound,
-        "the shim ran `{command}` ({error}; InvalidInput: unknown command, other: no such file)"
-    );
-}
-
-/// Whether an error says it is the disk's or the fsync's.
-fn names_the_disk(error: &str) -> bool {
-    let error = error.to_lowercase();
-    error.contains("disk") || error.contains("fsync")
 }
 
 /// Scenario a: a writeback error of the WAL that another descriptor hears first. Linux reports
@@ -919,15 +720,6 @@ async fn failed_fsync(dir: &Path) {
     assert_not_in_file(&pool, &["t3", "t4"]).await;
 }
 
-/// `later` was refused (the database's writes are, after its WAL failed to sync).
-fn assert_refused(name: &str, later: Result<(), String>) {
-    let error = later.expect_err(&format!("{name} acknowledged after the WAL failed to sync"));
-    assert!(
-        error.contains("write refused") && names_the_disk(&error),
-        "{name}: refused, saying why: {error}"
-    );
-}
-
 /// None of `names` is in the file.
 async fn assert_not_in_file(pool: &SqlitePool, names: &[&str]) {
     for name in names {
@@ -1055,40 +847,16 @@ async fn thread_failed_fsync(dir: &Path) {
     assert_not_in_file(&pool, &["t3", "t4", "t5-sqlx"]).await;
 }
 
+/// Runs `scenario` in the fault child, then the power loss: every write the child was told was
+/// acknowledged survives it (`harness::fault_test`).
 fn fault_test(test: &str, scenario: &str) {
-    let Some(shim) = shim(test) else { return };
-    let (output, disk) = match run_fault_child(scenario, shim) {
-        Ok(done) => done,
-        Err(why) => panic!("{test}: {why}"),
-    };
-    for line in output.lines().filter(|l| l.starts_with("fault:")) {
-        eprintln!("{test}: {line}");
-    }
-    // Then the power goes: every write the child was told was acknowledged survives it (a
-    // write acknowledged after the failure, were there one, would be lost with the frames
-    // the failed fsync left off the disk).
-    let acked: Vec<&str> = output
-        .lines()
-        // (the first line the child prints follows the harness' `test ... ` on its line)
-        .filter_map(|l| l.split_once("fault: acked ").map(|(_, name)| name.trim()))
-        .collect();
-    assert!(
-        !acked.is_empty(),
-        "{test}: the child acknowledged a write before the fault"
-    );
-    let shadowed = disk.power_loss();
-    let names = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(names_in(&disk.db()));
-    eprintln!("{test}: after the power loss ({shadowed:?}): {names:?}");
-    for name in acked {
-        assert!(
-            names.contains(name),
-            "{test}: {name}, acknowledged, lost in the power loss after the fault: {names:?}"
-        );
-    }
+    harness::fault_test(test, &FAULT, scenario, |path| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(names_in(path))
+    });
 }
 
 /// The `name` of every row of the fault scenarios' `items` table.

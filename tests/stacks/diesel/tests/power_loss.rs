@@ -17,7 +17,10 @@
 //! "durable shadow" updated only by `fsync`/`fdatasync`, and can make the WAL's next fsync fail
 //! (`.ctl/fail-next-fsync:<file>`). After the child is gone, the test copies each shadow over
 //! its file (a file without one is deleted, as is `-shm`) and opens the database afresh: SQLite
-//! recovers what a machine that lost power would have found.
+//! recovers what a machine that lost power would have found. The shim, the simulated disk, the
+//! children and the seeded kill points are the main crate's power-loss harness
+//! (`../../power_loss/harness.rs`, included from the checkout); the workloads on Diesel and
+//! what must survive are here.
 //!
 //! - `every_acknowledged_write_survives_power_loss_on_the_diesel_writer_thread`: 32 tasks
 //!   write unique ids through one `DieselWriteThread` (`FULL`, group commit: its defaults), each
@@ -42,11 +45,13 @@
 //! filter matched nothing says `running 0 tests` and exits 0.
 #![cfg(target_os = "linux")]
 
+#[path = "../../../power_loss/harness.rs"]
+mod harness;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, ErrorKind, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::process::Stdio;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
@@ -56,15 +61,13 @@ use diesel::result::Error as DieselError;
 use tower_sqlite_retry::write::{DieselWriteThread, WriteThreadOptions};
 use tsr_stack_diesel::schema::items;
 
+use harness::{ChildRan, DB, Disk, FaultChild, SEED, names_the_disk, shim, shim_command};
+
 /// What the child does: `serve:<config>:<base>:<dir>` or `fault:<scenario>:<dir>`.
 const CHILD: &str = "TSR_DIESEL_POWER_LOSS_CHILD";
 /// The children's entry points, by their full names in this test binary.
 const SERVE_CHILD: &str = "serve_child";
 const FAULT_CHILD: &str = "fault_child";
-/// The database's file name, in the shim's directory.
-const DB: &str = "db.sqlite";
-/// Replays the kill points of the group commit test.
-const SEED: &str = "TSR_POWER_LOSS_SEED";
 /// Kill rounds of the group commit test (each a fresh child on the same file).
 const ROUNDS: u64 = 3;
 /// Concurrent writing tasks in the group commit test's child.
@@ -77,6 +80,12 @@ const KILL_AFTER: (u64, u64) = (20, 4_000);
 const CONTROL_WRITES: i64 = 20;
 /// How long a child may take to get where its parent waits for it.
 const CHILD_TIMEOUT: Duration = Duration::from_secs(60);
+/// The fault child, for the harness.
+const FAULT: FaultChild = FaultChild {
+    var: CHILD,
+    entry: FAULT_CHILD,
+    timeout: CHILD_TIMEOUT,
+};
 
 // The group commit test's table: the ids acknowledged, each once (`seq` tells doubles apart).
 diesel::table! {
@@ -91,162 +100,8 @@ const ACKS_SCHEMA: &str = "CREATE TABLE acks (seq INTEGER PRIMARY KEY, id INTEGE
 const ITEMS_SCHEMA: &str = "CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT NOT NULL)";
 
 // ---------------------------------------------------------------------------------------------
-// Skips, the shim and the simulated disk
+// The database (the shim and the simulated disk are the harness')
 // ---------------------------------------------------------------------------------------------
-
-/// Says that `test` skipped its check, and why, where someone will see it: a `SKIPPED:` line on
-/// stderr (libtest shows it only for a failing test), and a line appended to the file
-/// `TSR_SKIP_LOG` names, if set, which `.ci/run` counts (the main crate's `common::skipped`:
-/// this package cannot use the main crate's test helpers).
-fn skipped(test: &str, why: &str) {
-    let line = format!("SKIPPED: {test}: {why}");
-    eprintln!("{line}");
-    if let Some(path) = std::env::var_os("TSR_SKIP_LOG") {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path);
-        // one write per line, in append mode: lines of parallel tests never interleave
-        if let Ok(mut log) = log {
-            let _ = log.write_all(format!("{line}\n").as_bytes());
-        }
-    }
-}
-
-/// The shim, built once per test process; `None` (after a `SKIPPED:` line) without a C
-/// compiler or without the shim's source.
-fn shim(test: &str) -> Option<&'static Path> {
-    static SHIM: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    match SHIM.get_or_init(build_shim) {
-        Ok(path) => Some(path),
-        Err(why) => {
-            skipped(test, why);
-            None
-        }
-    }
-}
-
-/// Builds the main crate's shim into the target directory. Its source is outside this
-/// package: a checkout without it says so.
-fn build_shim() -> Result<PathBuf, String> {
-    let source = Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../power_loss/shim.c"
-    ));
-    if !source.exists() {
-        return Err(format!(
-            "no power-loss shim source at {} (outside the main crate's checkout)",
-            source.display()
-        ));
-    }
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("power_loss");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    // Built under a name of this process's, then renamed: another test process (the main
-    // crate's, sharing the target directory) may be loading the previous one.
-    let building = dir.join(format!("shim-{}.so", std::process::id()));
-    let out = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O2", "-o"])
-        .arg(&building)
-        .arg(source)
-        .args(["-ldl", "-lpthread"])
-        .output()
-        .map_err(|e| format!("no C compiler to build the power-loss shim (`cc`: {e})"))?;
-    if !out.status.success() {
-        let _ = std::fs::remove_file(&building);
-        return Err(format!(
-            "`cc` could not build the power-loss shim ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let shim = dir.join("shim.so");
-    std::fs::rename(&building, &shim).map_err(|e| format!("cannot rename the shim: {e}"))?;
-    Ok(shim)
-}
-
-/// A database directory the shim tracks (`TSR_SHIM_DIR`), and its durable shadows
-/// (`TSR_SHIM_DURABLE`): what each file holds after a power loss.
-struct Disk {
-    root: tempfile::TempDir,
-    dir: PathBuf,
-    durable: PathBuf,
-}
-
-impl Disk {
-    fn new() -> Self {
-        let root = tempfile::tempdir().expect("tempdir");
-        let dir = root.path().join("db");
-        let durable = root.path().join("durable");
-        std::fs::create_dir(&dir).unwrap();
-        std::fs::create_dir(&durable).unwrap();
-        Self { root, dir, durable }
-    }
-
-    fn db(&self) -> PathBuf {
-        self.dir.join(DB)
-    }
-
-    /// The file names of both directories (`-shm` aside: it is rebuilt on recovery).
-    fn names(&self) -> BTreeSet<String> {
-        let mut names = BTreeSet::new();
-        for dir in [&self.dir, &self.durable] {
-            for entry in std::fs::read_dir(dir).unwrap() {
-                let entry = entry.unwrap();
-                if entry.file_type().unwrap().is_file() {
-                    let name = entry.file_name().into_string().unwrap();
-                    if !name.ends_with("-shm") {
-                        names.insert(name);
-                    }
-                }
-            }
-        }
-        names
-    }
-
-    /// The power loss, once the child is gone: every file becomes its shadow (no shadow: the
-    /// file is gone), `-shm` is deleted. Returns the names that had a shadow.
-    fn power_loss(&self) -> BTreeSet<String> {
-        let mut shadowed = BTreeSet::new();
-        for name in self.names() {
-            let shadow = self.durable.join(&name);
-            let real = self.dir.join(&name);
-            if shadow.exists() {
-                std::fs::copy(&shadow, &real).unwrap();
-                shadowed.insert(name);
-            } else if real.exists() {
-                std::fs::remove_file(&real).unwrap();
-            }
-        }
-        let shm = self.dir.join(format!("{DB}-shm"));
-        if shm.exists() {
-            std::fs::remove_file(shm).unwrap();
-        }
-        shadowed
-    }
-
-    /// What this process (not under the shim) did to the files is durable: every shadow
-    /// becomes its file (no file: no shadow).
-    fn settle(&self) {
-        for name in self.names() {
-            let shadow = self.durable.join(&name);
-            let real = self.dir.join(&name);
-            if real.exists() {
-                std::fs::copy(&real, &shadow).unwrap();
-            } else if shadow.exists() {
-                std::fs::remove_file(&shadow).unwrap();
-            }
-        }
-    }
-
-    /// The environment of a child under the shim.
-    fn shim_env(&self, command: &mut Command, shim: &Path, fsync_delay_us: u64) {
-        command
-            .env("LD_PRELOAD", shim)
-            .env("TSR_SHIM_DIR", &self.dir)
-            .env("TSR_SHIM_DURABLE", &self.durable)
-            .env("TSR_SHIM_FSYNC_DELAY_US", fsync_delay_us.to_string());
-    }
-}
 
 /// A Diesel connection to `path` (not through the writer thread).
 fn connect(path: &Path) -> SqliteConnection {
@@ -303,107 +158,13 @@ fn acks_in(path: &Path) -> (BTreeMap<i64, usize>, String) {
 /// What a process crash alone (no power loss) would leave: the files as they are, recovered
 /// from a copy.
 fn acks_after_a_crash(disk: &Disk) -> BTreeMap<i64, usize> {
-    let copy = tempfile::tempdir().unwrap();
-    for name in [DB.to_owned(), format!("{DB}-wal")] {
-        let real = disk.dir.join(&name);
-        if real.exists() {
-            std::fs::copy(&real, copy.path().join(&name)).unwrap();
-        }
-    }
+    let copy = disk.crash_copy();
     acks_in(&copy.path().join(DB)).0
 }
 
-/// The seed of the kill points: `TSR_POWER_LOSS_SEED`, or the clock's.
-fn seed() -> u64 {
-    std::env::var(SEED)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap();
-            now.as_secs() ^ u64::from(now.subsec_nanos())
-        })
-}
-
-/// splitmix64: the kill points, from the seed (this package has no random number crate).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `lo..=hi`.
-    fn between(&mut self, (lo, hi): (u64, u64)) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
-// The child and what its harness said
+// The children
 // ---------------------------------------------------------------------------------------------
-
-/// A child process of this test binary running its entry point `name` (an `#[ignore]`d test)
-/// alone, as the main crate's `common::child_test` runs its children.
-fn child_test(name: &str) -> Command {
-    let mut command = Command::new(std::env::current_exe().expect("this binary"));
-    command.args([
-        name,
-        "--exact",
-        "--ignored",
-        "--nocapture",
-        "--test-threads",
-        "1",
-    ]);
-    command
-}
-
-/// What a child's harness said about its entry point, read line by line: a child whose filter
-/// matched nothing (a renamed test) says `running 0 tests` and exits 0, so the parent must ask
-/// (the main crate's `common::ChildRan`).
-#[derive(Debug, Default)]
-struct ChildRan {
-    started: bool,
-    passed: bool,
-}
-
-impl ChildRan {
-    /// Reads one line of the child's output.
-    fn line(&mut self, line: &str) {
-        if line.trim() == "running 1 test" {
-            self.started = true;
-        }
-        if line.contains("test result: ok. 1 passed") {
-            self.passed = true;
-        }
-    }
-
-    /// All of a finished child's output.
-    fn output(output: &str) -> Self {
-        let mut ran = Self::default();
-        output.lines().for_each(|l| ran.line(l));
-        ran
-    }
-
-    /// Panics unless the child started its one entry point.
-    fn assert_started(&self, name: &str, output: &str) {
-        assert!(
-            self.started,
-            "the child ran no test: is `{name}` its full name?\n{output}"
-        );
-    }
-
-    /// Panics unless the child ran its one entry point and it passed.
-    fn assert_passed(&self, name: &str, output: &str) {
-        self.assert_started(name, output);
-        assert!(self.passed, "the child's `{name}` did not pass:\n{output}");
-    }
-}
 
 /// One line on stdout, flushed at once: what the parent reads is all the child said before
 /// it was killed.
@@ -461,16 +222,11 @@ async fn insert_ack(writes: &DieselWriteThread, id: i64) -> Result<usize, Diesel
 #[test]
 #[ignore = "a child process's entry point, run by the power-loss tests"]
 fn serve_child() {
-    let Some(spec) = std::env::var(CHILD)
-        .ok()
-        .filter(|s| s.starts_with("serve:"))
-    else {
+    let Some([config, base, dir]) = harness::child_job(CHILD, "serve") else {
         return;
     };
-    let mut parts = spec.splitn(4, ':').skip(1);
-    let config = parts.next().expect("config").to_owned();
-    let base: i64 = parts.next().expect("base").parse().expect("a number");
-    let dir = PathBuf::from(parts.next().expect("dir"));
+    let base: i64 = base.parse().expect("a number");
+    let dir = PathBuf::from(dir);
     child_runtime().block_on(async move {
         let options = match config.as_str() {
             "full" => WriteThreadOptions::default(),
@@ -563,16 +319,9 @@ fn serve_then_kill(
     fsync_delay_us: u64,
     when: KillWhen,
 ) -> Served {
-    let mut command = child_test(SERVE_CHILD);
-    command
-        .env(
-            CHILD,
-            format!("serve:{config}:{base}:{}", disk.dir.display()),
-        )
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    disk.shim_env(&mut command, shim, fsync_delay_us);
+    let job = format!("serve:{config}:{base}:{}", disk.dir.display());
+    let mut command = harness::child_command(CHILD, SERVE_CHILD, &job, disk, shim, fsync_delay_us);
+    command.stdout(Stdio::piped()).stderr(Stdio::inherit());
     let mut child = command.spawn().expect("spawn the serving child");
     let stdout = child.stdout.take().unwrap();
     let (lines, read) = mpsc::channel();
@@ -636,9 +385,9 @@ fn serve_then_kill(
 fn every_acknowledged_write_survives_power_loss_on_the_diesel_writer_thread() {
     let test = "every_acknowledged_write_survives_power_loss_on_the_diesel_writer_thread";
     let Some(shim) = shim(test) else { return };
-    let seed = seed();
+    let seed = harness::seed();
     eprintln!("{test}: seed {seed} ({SEED}={seed} replays the kill points)");
-    let mut rng = Rng(seed);
+    let mut rng = harness::Rng(seed);
     let disk = Disk::new();
     create(&disk, ACKS_SCHEMA);
 
@@ -788,63 +537,15 @@ fn control_normal_loses_acknowledged_writes_on_the_diesel_writer_thread() {
 // Fault injection: the child runs a scenario under the shim and fails (non-zero) if it fails
 // ---------------------------------------------------------------------------------------------
 
-/// Runs `scenario` in a child under the shim; `Err` with its output if it failed. Its disk,
-/// for the power loss that follows.
-fn run_fault_child(scenario: &str, shim: &Path) -> Result<(String, Disk), String> {
-    let disk = Disk::new();
-    let out_path = disk.root.path().join("child.out");
-    let out = std::fs::File::create(&out_path).unwrap();
-    let mut command = child_test(FAULT_CHILD);
-    command
-        .env(CHILD, format!("fault:{scenario}:{}", disk.dir.display()))
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().unwrap())
-        .stderr(out);
-    disk.shim_env(&mut command, shim, 0);
-    let mut child = command.spawn().expect("spawn the child");
-    // Bounded: a scenario that hangs (a transaction that is never answered) fails the test, it
-    // does not hang it.
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if started.elapsed() > CHILD_TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let output = std::fs::read_to_string(&out_path).unwrap_or_default();
-    match status {
-        Some(status) if status.success() => {
-            // exit 0 is also a child whose filter matched no test: it must say it ran one
-            ChildRan::output(&output).assert_passed(FAULT_CHILD, &output);
-            Ok((output, disk))
-        }
-        Some(status) => Err(format!("the child exited {status}:\n{output}")),
-        None => Err(format!(
-            "the child did not finish within {} s:\n{output}",
-            CHILD_TIMEOUT.as_secs()
-        )),
-    }
-}
-
 /// The child side: `fault:<scenario>:<dir>`. Not a test on its own: run by
-/// [`run_fault_child`]; a no-op without its variable.
+/// `harness::run_fault_child`; a no-op without its variable.
 #[test]
 #[ignore = "a child process's entry point, run by the fsync-error tests"]
 fn fault_child() {
-    let Some(spec) = std::env::var(CHILD)
-        .ok()
-        .filter(|s| s.starts_with("fault:"))
-    else {
+    let Some([scenario, dir]) = harness::child_job(CHILD, "fault") else {
         return;
     };
-    let mut parts = spec.splitn(3, ':').skip(1);
-    let scenario = parts.next().expect("scenario").to_owned();
-    let dir = PathBuf::from(parts.next().expect("dir"));
+    let dir = PathBuf::from(dir);
     child_runtime().block_on(async move {
         match scenario.as_str() {
             "failed-fsync" => failed_fsync(&dir).await,
@@ -874,22 +575,6 @@ fn names_in(path: &Path) -> BTreeSet<String> {
         .expect("read the items")
         .into_iter()
         .collect()
-}
-
-/// Runs a shim command (`.ctl/<command>`): the open fails with `NotFound` once it ran.
-fn shim_command(dir: &Path, command: &str) {
-    let error = std::fs::File::open(dir.join(".ctl").join(command)).expect_err("a shim command");
-    assert_eq!(
-        error.kind(),
-        ErrorKind::NotFound,
-        "the shim ran `{command}` ({error}; InvalidInput: unknown command, other: no such file)"
-    );
-}
-
-/// Whether an error says it is the disk's or the fsync's.
-fn names_the_disk(error: &str) -> bool {
-    let error = error.to_lowercase();
-    error.contains("disk") || error.contains("fsync")
 }
 
 /// The shared fsync of the Diesel writer thread fails. A closure that committed while it was
@@ -958,13 +643,7 @@ async fn failed_fsync(dir: &Path) {
         say(&format!(
             "fault: {name} (begun after the failure): {later:?}"
         ));
-        let error = later
-            .expect_err(&format!("{name} acknowledged after the WAL failed to sync"))
-            .to_string();
-        assert!(
-            error.contains("write refused") && names_the_disk(&error),
-            "{name}: refused, saying why: {error}"
-        );
+        harness::assert_refused(name, later.map(drop).map_err(|e| e.to_string()));
         say(&format!("fault: refused {name}"));
     }
     say(&format!("fault: stats: {:?}", writes.stats()));
@@ -985,7 +664,7 @@ async fn failed_fsync(dir: &Path) {
 fn after_a_failed_fsync_the_diesel_writer_thread_acknowledges_nothing() {
     let test = "after_a_failed_fsync_the_diesel_writer_thread_acknowledges_nothing";
     let Some(shim) = shim(test) else { return };
-    let (output, disk) = match run_fault_child("failed-fsync", shim) {
+    let (output, disk) = match harness::run_fault_child(&FAULT, "failed-fsync", shim) {
         Ok(done) => done,
         Err(why) => panic!("{test}: {why}"),
     };
@@ -993,12 +672,7 @@ fn after_a_failed_fsync_the_diesel_writer_thread_acknowledges_nothing() {
         eprintln!("{test}: {line}");
     }
     // (the first line the child prints follows the harness' `test fault_child ... `)
-    let said = |what: &str| -> Vec<String> {
-        output
-            .lines()
-            .filter_map(|l| l.split_once(what).map(|(_, name)| name.trim().to_owned()))
-            .collect()
-    };
+    let said = |what: &str| harness::said(&output, what);
     let (acked, refused) = (said("fault: acked "), said("fault: refused "));
     assert!(
         !acked.is_empty(),
