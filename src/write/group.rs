@@ -22,7 +22,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -94,6 +94,23 @@ pub(super) fn stop_reason(why: &str) -> Arc<str> {
 
 /// A shared fsync stopped for good (a sync of the WAL at `wal` failed, `why`): counted, and
 /// said at ERROR, once per stop. The file's refusal is the caller's (`Queue::refuse`).
+/// An fsync of `queue`'s WAL ran for `members` committed transactions and took `took`:
+/// counted in its `WriteStats`, its metric recorded and its DEBUG event emitted, the same for
+/// the sqlx path's groups and the writer thread's. The group's number.
+pub(super) fn report_sync(queue: &Queue, members: usize, took: Duration, ok: bool) -> u64 {
+    let group = queue.counts().synced(members);
+    crate::recorder::write_group(queue.database(), members, took);
+    tracing::debug!(
+        db.namespace = %queue.database(),
+        db.write.group = group,
+        db.write.transactions = members,
+        db.write.fsync_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
+        db.write.fsync_ok = ok,
+        "group commit: an fsync of the WAL ran for the transactions waiting"
+    );
+    group
+}
+
 pub(super) fn report_stop(queue: &Queue, wal: &Path, why: &str) {
     queue.counts().sync_failed();
     crate::recorder::write_sync_failed(queue.database());
@@ -352,17 +369,7 @@ impl<D: Driver> Running<D> {
                 None => Err(no_descriptor()),
             };
             let took = started.elapsed();
-            let members = self.batch.len();
-            let group = syncs.queue.counts().synced(members);
-            crate::recorder::write_group(syncs.queue.database(), members, took);
-            tracing::debug!(
-                db.namespace = %syncs.queue.database(),
-                db.write.group = group,
-                db.write.transactions = members,
-                db.write.fsync_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
-                db.write.fsync_ok = synced.is_ok(),
-                "group commit: an fsync of the WAL ran for the transactions waiting"
-            );
+            let group = report_sync(&syncs.queue, self.batch.len(), took, synced.is_ok());
             match &synced {
                 Err(error) if error.is_the_disks() => {
                     syncs.stop(&format!("group {group}: {error}"));

@@ -257,8 +257,8 @@ fn the_modules_hold_what_docs_semver_md_says() {
         Admission, AdmissionLimit, InvalidPolicy, Jitter, ReadLimit, RetryPolicy,
     };
     use tower_sqlite_retry::write::{
-        GroupCommitFailed, TurnError, WritePool, WriteQueue, WriteStats, WriteTransaction,
-        WriteTurn, WriterConnection,
+        GroupCommitFailed, TurnError, WritePool, WriteQueue, WriteStats, WriteThread,
+        WriteThreadOptions, WriteTransaction, WriteTurn, WriterConnection,
     };
 
     let _ = RetryPolicy::default().no_budget().no_replay_gate();
@@ -266,6 +266,16 @@ fn the_modules_hold_what_docs_semver_md_says() {
     let _: fn(WritePool, bool) -> WritePool = WritePool::group_commit;
     let _: fn(WritePool) -> WritePool = WritePool::no_slow_transaction_report;
     let _: fn(WritePool, std::time::Duration) -> WritePool = WritePool::slow_transaction;
+    // `rusqlite-write` (on in this test build): the writer thread and its options, which
+    // spell their setters as the page says. (`DieselWriteThread`, `diesel-write`, is checked in
+    // the Diesel stack package, which can link Diesel's SQLite.)
+    type Options = WriteThreadOptions;
+    let _: fn(Options, std::time::Duration) -> Options = Options::busy_timeout;
+    let _: fn(Options, bool) -> Options = Options::group_commit;
+    let _: fn(Options) -> Options = Options::synchronous_normal;
+    let _: fn(Options, std::time::Duration) -> Options = Options::slow_transaction;
+    let _: fn(&WriteThread) -> WriteStats = WriteThread::stats;
+    let _: fn(&WriteThread) -> &Path = WriteThread::path;
     assert_eq!(sqlite_code_name(517), "SQLITE_BUSY_SNAPSHOT");
     assert!(
         RetryDriverErrors

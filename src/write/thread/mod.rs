@@ -58,7 +58,7 @@ use crate::attempt::{RequestState, current_request};
 use crate::recorder::{self, WriteStage};
 
 use super::failed::GroupCommitFailed;
-use super::group::{MAX_UNANSWERED, report_stop, stop_reason};
+use super::group::{MAX_UNANSWERED, report_stop, report_sync, stop_reason};
 use super::stats::WriteStats;
 use super::turn::{Queue, Turn};
 use super::wal::Wal;
@@ -558,7 +558,7 @@ impl Fsync {
         {
             state.in_flight = 1;
             drop(state);
-            self.sync_for(vec![deliver]);
+            self.sync_for(std::iter::once(deliver));
             return;
         }
         state.waiting.push(deliver);
@@ -641,21 +641,16 @@ impl Fsync {
 
     /// One fsync of the WAL for `batch` (counted `in_flight`), each told its outcome; then
     /// room for the writer thread.
-    fn sync_for(&self, batch: Vec<Deliver>) {
+    fn sync_for<I>(&self, batch: I)
+    where
+        I: IntoIterator<Item = Deliver>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let batch = batch.into_iter();
         let started = std::time::Instant::now();
         let synced = self.wal.sync();
         let took = started.elapsed();
-        let members = batch.len();
-        let group = self.queue.counts().synced(members);
-        crate::recorder::write_group(self.queue.database(), members, took);
-        tracing::debug!(
-            db.namespace = %self.queue.database(),
-            db.write.group = group,
-            db.write.transactions = members,
-            db.write.fsync_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
-            db.write.fsync_ok = synced.is_ok(),
-            "group commit: an fsync of the WAL ran for the transactions waiting"
-        );
+        let group = report_sync(&self.queue, batch.len(), took, synced.is_ok());
         let told: Result<(), Arc<str>> = match synced {
             Err(error) if error.is_the_disks() => {
                 Err(self.stop(&format!("group {group}: {error}")))
