@@ -45,6 +45,10 @@
 //!   instead of letting every closure commit (visible to readers) without an answer. (The
 //!   sqlx path lets the next transaction commit at `FULL` in the turn instead, which on a
 //!   stalled disk waits just the same; here the level would have to change per driver.)
+//!
+//! A task that writes in a loop, one closure at a time, would pay two wake-ups of a sleeping
+//! thread per transaction (the writer thread's, then the caller's worker's): `hand_off.rs`
+//! replaces them with short waits that do not sleep, only while closures come back to back.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -63,6 +67,7 @@ use super::stats::WriteStats;
 use super::turn::{Queue, Turn};
 use super::wal::Wal;
 
+mod hand_off;
 #[cfg(feature = "diesel-write")]
 pub(crate) mod on_diesel;
 #[cfg(feature = "rusqlite-write")]
@@ -184,6 +189,8 @@ pub(super) struct Core<C> {
     jobs: mpsc::Sender<Job<C>>,
     /// Closures sent and not yet taken by the writer thread.
     queued: Arc<AtomicUsize>,
+    /// How quickly closures sent alone are answered (`hand_off.rs`).
+    pace: Arc<hand_off::Pace>,
     queue: Arc<Queue>,
     path: PathBuf,
     /// Group commit's fsync thread, for the test seam.
@@ -195,6 +202,7 @@ impl<C> Clone for Core<C> {
         Self {
             jobs: self.jobs.clone(),
             queued: Arc::clone(&self.queued),
+            pace: Arc::clone(&self.pace),
             queue: Arc::clone(&self.queue),
             path: self.path.clone(),
             fsync: self.fsync.clone(),
@@ -274,6 +282,7 @@ impl<C: Owned> Core<C> {
         Ok(Self {
             jobs,
             queued,
+            pace: Arc::new(hand_off::Pace::new()),
             queue,
             path,
             fsync,
@@ -304,14 +313,15 @@ impl<C: Owned> Core<C> {
         let job: Job<C> = Box::new(move |writer: &mut Writer<C>| {
             writer.run(request, deadline, body, errors, answer);
         });
-        self.queued.fetch_add(1, Ordering::Relaxed);
+        let sent = std::time::Instant::now();
+        let ahead = self.queued.fetch_add(1, Ordering::Relaxed);
         if self.jobs.send(job).is_err() {
             self.queued.fetch_sub(1, Ordering::Relaxed);
             return Err(misuse(GONE));
         }
-        match answered.await {
-            Ok(result) => result,
-            Err(_) => Err(misuse(GONE)),
+        match hand_off::answer(answered, &self.pace, sent, ahead == 0).await {
+            Some(result) => result,
+            None => Err(misuse(GONE)),
         }
     }
 
@@ -360,9 +370,13 @@ impl<C: Owned> Writer<C> {
     /// request: unwound here (its turn given back, its transaction rolled back, its caller
     /// told the writer's error), the connection made clean, and the next closure runs.
     fn serve(mut self, jobs: mpsc::Receiver<Job<C>>) {
-        while let Ok(job) = jobs.recv() {
+        let mut next = hand_off::Next::default();
+        let mut took = Duration::ZERO;
+        while let Some(job) = next.take(&jobs, took) {
             self.queued.fetch_sub(1, Ordering::Relaxed);
+            let began = std::time::Instant::now();
             let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut self)));
+            took = began.elapsed();
             if ran.is_err() {
                 let recovered = self.conn.recover();
                 tracing::error!(
