@@ -117,7 +117,8 @@ impl<C> SqliteRetryLayer<C> {
     /// database's turn, so that the writer's transaction gets the CPU: at most the limit's
     /// reads at once, each waiting at most its [`max_wait`](ReadLimit::max_wait) for its
     /// place (see [`ReadLimit`] for when it pays
-    /// and what it trades). On by default with [`ReadLimit::default`] (one read per core);
+    /// and what it trades). On by default with [`ReadLimit::default`] (a read per core but
+    /// one, at least one);
     /// this sets another, [`no_read_limit`](Self::no_read_limit) none. The returned
     /// layer keeps this one's counters, replay gate and admission, and has a read limit of its
     /// own.

@@ -257,7 +257,8 @@
 //!   writes its response. Without it the turn sat idle for a large part of the time it was
 //!   held, between one writer's `COMMIT` and the next one's `BEGIN`.
 //! - **The read limit**, the layer's, on by default: while writers wait for a turn, at most one
-//!   `GET`/`HEAD` handler per core runs under the layer (a read held back waits at most its
+//!   `GET`/`HEAD` handler per core but one (at least one) runs under the layer, leaving the
+//!   turn's holder a core (a read held back waits at most its
 //!   [`max_wait`](crate::policy::ReadLimit::max_wait), 10 ms, then runs anyway). It trades
 //!   reads for writes (`BENCHMARKS.md`, "What happens to the writes beside readers").
 //!   [`no_read_limit`](crate::SqliteRetryLayer::no_read_limit) turns it

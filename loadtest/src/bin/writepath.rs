@@ -28,7 +28,7 @@
 //! | `layer-write` | `SqliteRetryLayer` (default policy) and the write path (`WritePool`, its writer connection) without group commit (`group_commit(false)`) |
 //! | `layer-write-shared` | the same with `writer(WriterConnection::FromPool)`: writes take the pool's connections (the write path before it had a writer connection) |
 //! | `layer-write-group` | the write path as `WritePool::new` makes it: group commit on (the default) |
-//! | `layer-write-read-limit` | `layer-write` (no groups) with a read limit (`ReadLimit`) of one read per core while writers wait |
+//! | `layer-write-read-limit` | `layer-write` (no groups) with the layer's default read limit (`ReadLimit::default()`: a read per core but one) while writers wait |
 //! | `layer-write-group-read-limit` | `layer-write-group` with the same read limit |
 //! | `layer-thread` | `SqliteRetryLayer` and rusqlite's write path (`WriteThread`, group commit on): the transaction a closure run on the writer thread; reads on the sqlx pool |
 //!
@@ -55,7 +55,8 @@
 //! environment variables `WRITEPATH_AUTOCHECKPOINT` (every connection's `wal_autocheckpoint`,
 //! which the write path's checkpointer follows; 1,000 pages, SQLite's default, unless set),
 //! `WRITEPATH_READ_LIMIT` and `WRITEPATH_READ_WAIT_MS` (the `-read-limit` configurations'
-//! reads at once and longest wait, instead of the layer's defaults: one per core, 10 ms).
+//! reads at once and longest wait, instead of the layer's defaults: a read per core but one,
+//! 10 ms).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -105,7 +106,7 @@ enum Config {
     LayerWriteShared,
     /// The write path with group commit (`group_commit(true)`, the default).
     LayerWriteGroup,
-    /// `layer-write` with a read limit of one read per core while writers wait
+    /// `layer-write` with the layer's default read limit while writers wait
     /// (`SqliteRetryLayer::limit_reads_while_writers_wait`).
     LayerWriteReadLimit,
     /// `layer-write-group` with the read limit.
@@ -562,22 +563,22 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
                 | Config::LayerThread
         ) {
             // The read limit is the layer's default: the configurations without one turn it
-            // off, those with one set it as the default does (one read per core).
+            // off, those with one set the default (a read per core but one).
             let mut layer = SqliteRetryLayer::new(RetryPolicy::default()).no_read_limit();
             if matches!(
                 config,
                 Config::LayerWriteReadLimit | Config::LayerWriteGroupReadLimit
             ) {
-                let cores =
-                    std::thread::available_parallelism().unwrap_or(std::num::NonZeroUsize::MIN);
                 // For investigations: `WRITEPATH_READ_LIMIT` (reads at once) and
                 // `WRITEPATH_READ_WAIT_MS` (a held-back read's longest wait) instead of the
                 // layer's defaults.
-                let reads = std::env::var("WRITEPATH_READ_LIMIT")
+                let mut limit = match std::env::var("WRITEPATH_READ_LIMIT")
                     .ok()
                     .and_then(|v| v.parse().ok())
-                    .unwrap_or(cores);
-                let mut limit = tower_sqlite_retry::policy::ReadLimit::new(reads);
+                {
+                    Some(reads) => tower_sqlite_retry::policy::ReadLimit::new(reads),
+                    None => tower_sqlite_retry::policy::ReadLimit::default(),
+                };
                 if let Some(ms) = std::env::var("WRITEPATH_READ_WAIT_MS")
                     .ok()
                     .and_then(|v| v.parse().ok())
