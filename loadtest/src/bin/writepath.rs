@@ -54,6 +54,8 @@
 //! itself under `taskset -c` another CPU, and client and server share no core), and the
 //! environment variables `WRITEPATH_AUTOCHECKPOINT` (every connection's `wal_autocheckpoint`,
 //! which the write path's checkpointer follows; 1,000 pages, SQLite's default, unless set),
+//! `WRITEPATH_WRITE_LIMIT` (the layered configurations' `PUT`s at most that many at once,
+//! through tower's `ConcurrencyLimitLayer`; reads unlimited),
 //! `WRITEPATH_READ_LIMIT` and `WRITEPATH_READ_WAIT_MS` (the `-read-limit` configurations'
 //! reads at once and longest wait, instead of the layer's defaults: a read per core but one,
 //! 10 ms).
@@ -546,11 +548,24 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
             _ => None,
         };
         let app = App { db, prep_rounds };
+        // For investigations: `WRITEPATH_WRITE_LIMIT` (writes in flight at once, through
+        // tower's `ConcurrencyLimitLayer` on the `PUT`s alone; reads are not limited), for
+        // the layered configurations (the baselines run as they are).
+        let write_limit = std::env::var("WRITEPATH_WRITE_LIMIT")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|_| {
+                !matches!(
+                    config,
+                    Config::Deferred | Config::Immediate | Config::TwoPool
+                )
+            });
+        let writes_route = match write_limit {
+            Some(limit) => put(put_object).layer(tower::limit::ConcurrencyLimitLayer::new(limit)),
+            None => put(put_object),
+        };
         let mut router = Router::new()
-            .route(
-                "/objects/{collection}/{name}",
-                put(put_object).get(get_object),
-            )
+            .route("/objects/{collection}/{name}", writes_route.get(get_object))
             .with_state(app);
         if matches!(
             config,
