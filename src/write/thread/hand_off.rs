@@ -19,8 +19,9 @@
 //!   the caller parks at once, as before.
 //! - **The writer thread**, once a closure ended in under [`NEXT_SPIN`] and the previous one
 //!   came within [`NEXT_SPIN`] of the thread going idle (closures are arriving back to back),
-//!   spins for the next for at most that long before it sleeps. An idle service never spins
-//!   (its next closure came late), nor does a busy one (the next closure is already queued).
+//!   spins for the next for at most that long before it sleeps. A service that goes idle spins
+//!   once, after its last closure; closures that come further apart than that stop the
+//!   spinning (the last came late); and a busy service finds the next closure queued.
 //!
 //! What it costs: a worker that would have slept polls for at most 150 µs per closure, and the
 //! writer thread spins for at most 50 µs after a closure, in both cases only while a caller
