@@ -39,11 +39,11 @@ use crate::recorder::WriteStage;
 ///
 /// **Reads beside a flood of writes.** The writer thread does not make writers wait the way
 /// SQLite's busy handler or the sqlx write path's turn does: every write request in flight
-/// keeps its share of the CPU, and where the CPU is the bound, reads get less of it. Group
-/// commit fills its fsyncs with a few writes in flight, so a cap on the write routes' requests
-/// at once, with tower's [`ConcurrencyLimitLayer`](https://docs.rs/tower/latest/tower/limit/struct.ConcurrencyLimitLayer.html)
-/// (the route's own layer, under this crate's), hands that CPU to the reads at a small cost in
-/// writes. Measured on two cores (`BENCHMARKS.md`, run T), 64 writing and 16 reading
+/// goes on competing with the reads (for the CPU, for the read pool's connections), and where
+/// those are the bound, reads get less. Group commit fills its fsyncs with a few writes in
+/// flight, so a cap on the write routes' requests at once, with tower's [`ConcurrencyLimitLayer`](https://docs.rs/tower/latest/tower/limit/struct.ConcurrencyLimitLayer.html)
+/// (the route's own layer, under this crate's), hands that share to the reads at a small cost
+/// in writes. Measured on two cores (`BENCHMARKS.md`, run T), 64 writing and 16 reading
 /// connections: without a cap the writes ran 5.9× `BEGIN IMMEDIATE`'s with 3.9× its reads;
 /// capped at 16, 4.2× with 10×; at 8, 3.2× with 15×.
 ///
