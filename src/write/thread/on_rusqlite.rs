@@ -47,7 +47,8 @@ use crate::recorder::WriteStage;
 /// connections: without a cap the writes ran 5.9× `BEGIN IMMEDIATE`'s with 3.9× its reads;
 /// capped at 16, 4.2× with 10×; at 8, 3.2× with 15×.
 ///
-/// ```
+#[cfg_attr(feature = "axum", doc = "```")]
+#[cfg_attr(not(feature = "axum"), doc = "```ignore")]
 /// use axum::{Router, extract::State, routing::{get, post}};
 /// use tower::limit::ConcurrencyLimitLayer;
 /// use tower_sqlite_retry::{DbError, SqliteRetryLayer, write::WriteThread};
