@@ -97,6 +97,75 @@ async fn many_writers_share_the_turn_and_the_fsync_and_lose_nothing() {
     );
 }
 
+/// One task writing closure after closure, alone, at `NORMAL` (where its caller polls for the
+/// answer instead of parking, `hand_off.rs`): every answer is its own closure's, on both
+/// runtimes. Then the same caller dropped after 0, 1, 2, … polls, each time: a closure runs at
+/// most once, its row is there exactly when it ran, and the next write goes through.
+async fn alone_back_to_back_and_dropped_at_every_poll() {
+    let db = TestDb::new();
+    let writes = WriteThread::open_with(
+        &db.path,
+        WriteThreadOptions::default().synchronous_normal(),
+        |_| Ok(()),
+    )
+    .expect("open the writer");
+    writes
+        .transaction(|tx| tx.execute_batch(SCHEMA))
+        .await
+        .expect("schema");
+    for i in 0..400 {
+        let name = format!("loop-{i}");
+        let id = insert(&writes, &name).await.expect("a write alone");
+        let conn = rusqlite::Connection::open(&db.path).unwrap();
+        let stored: String = conn
+            .query_row("SELECT name FROM items WHERE id = ?1", [id], |row| {
+                row.get(0)
+            })
+            .unwrap();
+        assert_eq!(stored, name, "the answer is its own closure's");
+    }
+    let ran = Arc::new(AtomicUsize::new(0));
+    for polls in 0..60 {
+        let ran_here = Arc::clone(&ran);
+        let mut write = Box::pin(writes.transaction(move |tx| {
+            tx.execute(
+                "INSERT INTO items (name) VALUES (?1)",
+                [format!("dropped-{polls}")],
+            )?;
+            ran_here.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, rusqlite::Error>(())
+        }));
+        for _ in 0..polls {
+            if futures::poll!(write.as_mut()).is_ready() {
+                break;
+            }
+        }
+        drop(write);
+        // FIFO: once this one is answered, the dropped one has run or never will.
+        insert(&writes, &format!("after-{polls}"))
+            .await
+            .expect("the next write goes through");
+    }
+    let names = names(&db);
+    let dropped = names.iter().filter(|n| n.starts_with("dropped-")).count();
+    assert_eq!(
+        dropped,
+        ran.load(Ordering::SeqCst),
+        "a row exactly for each closure that ran"
+    );
+    assert_eq!(names.len(), 400 + 60 + dropped, "{names:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_writing_alone_gets_its_own_answers_and_may_leave_at_any_poll() {
+    alone_back_to_back_and_dropped_at_every_poll().await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_task_writing_alone_on_one_thread_gets_its_own_answers_and_may_leave_at_any_poll() {
+    alone_back_to_back_and_dropped_at_every_poll().await;
+}
+
 /// A closure that fails rolls back: nothing of it is in the file, and the next one commits.
 /// One that ends the transaction itself (a raw `COMMIT`) is told so (`SQLITE_MISUSE`).
 #[tokio::test]
