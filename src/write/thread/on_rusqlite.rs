@@ -43,7 +43,7 @@ use crate::recorder::WriteStage;
 /// those are the bound, reads get less. Group commit fills its fsyncs with a few writes in
 /// flight, so a cap on the write routes' requests at once, with tower's [`ConcurrencyLimitLayer`](https://docs.rs/tower/latest/tower/limit/struct.ConcurrencyLimitLayer.html)
 /// (the route's own layer, under this crate's), hands that share to the reads at a small cost
-/// in writes. Measured on two cores (`BENCHMARKS.md`, run T), 64 writing and 16 reading
+/// in writes. Measured on two cores (`BENCHMARKS.md`, run WL), 64 writing and 16 reading
 /// connections: without a cap the writes ran 5.9× `BEGIN IMMEDIATE`'s with 3.9× its reads;
 /// capped at 16, 4.2× with 10×; at 8, 3.2× with 15×.
 ///
