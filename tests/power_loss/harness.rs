@@ -31,7 +31,8 @@
 // seed; the Diesel tests have a fault test of their own): what one leaves unused is not dead.
 #![allow(dead_code)]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::{Debug, Display};
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -434,6 +435,102 @@ pub(crate) fn assert_refused(name: &str, later: Result<(), String>) {
         error.contains("write refused") && names_the_disk(&error),
         "{name}: refused, saying why: {error}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The rounds of a test that kills a serving child: what each must find in the file
+// ---------------------------------------------------------------------------------------------
+
+/// One round as found in the file after the power loss: what the test reports, and asserts
+/// on in its own words (nothing lost).
+pub(crate) struct Round {
+    /// Acknowledged ids not in the file.
+    pub(crate) lost: Vec<i64>,
+    /// The round's rows (ids from its `base`) after the power loss.
+    pub(crate) rows: usize,
+    /// The round's rows after a mere crash (SIGKILL, nothing dropped).
+    pub(crate) crash_rows: usize,
+}
+
+/// The rounds so far of a test that kills a serving child: [`Rounds::check`] checks each,
+/// [`Rounds::finish`] all of them.
+#[derive(Default)]
+pub(crate) struct Rounds {
+    acked: usize,
+    rows: usize,
+    wal_shadows: usize,
+}
+
+impl Rounds {
+    /// Checks one round: `acked`, the ids the child acknowledged before the kill; `recovered`
+    /// and `crashed`, each id's rows in the file after the power loss and after a mere crash;
+    /// `base`, the round's first id; `shadowed`, the files the power loss restored from their
+    /// durable shadow. Asserts that no id is in the file twice and that the power loss kept
+    /// nothing a crash would not (the simulator's own check).
+    pub(crate) fn check<V>(
+        &mut self,
+        round: impl Display,
+        acked: &BTreeSet<i64>,
+        recovered: &BTreeMap<i64, V>,
+        crashed: &BTreeMap<i64, V>,
+        base: i64,
+        shadowed: &BTreeSet<String>,
+    ) -> Round
+    where
+        V: Copy + PartialOrd + From<u8> + Debug,
+    {
+        let lost = acked
+            .iter()
+            .filter(|id| !recovered.contains_key(id))
+            .copied()
+            .collect();
+        let doubled: Vec<_> = recovered.iter().filter(|(_, n)| **n > V::from(1)).collect();
+        assert!(
+            doubled.is_empty(),
+            "round {round}: in the file twice: {doubled:?}"
+        );
+        let beyond_crash: Vec<_> = recovered
+            .keys()
+            .filter(|id| !crashed.contains_key(id))
+            .collect();
+        assert!(
+            beyond_crash.is_empty(),
+            "round {round}: the simulator is broken: rows after the power loss that a crash \
+             would not keep: {beyond_crash:?}"
+        );
+        if shadowed.contains(&format!("{DB}-wal")) {
+            self.wal_shadows += 1;
+        }
+        self.acked += acked.len();
+        self.rows = recovered.len();
+        Round {
+            lost,
+            rows: recovered.keys().filter(|id| **id >= base).count(),
+            crash_rows: crashed.keys().filter(|id| **id >= base).count(),
+        }
+    }
+
+    /// After the last round: says what was checked, and asserts that the test tested
+    /// something: writes were acknowledged, rows survived, and the WAL was synced through the
+    /// shim (a shim that did nothing would leave no shadow of it, and no row after a power
+    /// loss).
+    pub(crate) fn finish(self, test: &str, rounds: impl Display) {
+        let Self {
+            acked,
+            rows,
+            wal_shadows,
+        } = self;
+        eprintln!(
+            "{test}: {acked} writes acknowledged in {rounds} rounds, none lost; {rows} rows in \
+             the file; the WAL had a durable shadow at {wal_shadows} of the power losses"
+        );
+        assert!(acked > 0, "the child acknowledged writes between kills");
+        assert!(rows > 0, "rows survived the power losses");
+        assert!(
+            wal_shadows > 0,
+            "the WAL was synced through the shim in some round"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

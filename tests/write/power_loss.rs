@@ -357,7 +357,7 @@ async fn survives_power_loss(test: &str, config: &str) {
     let disk = Disk::new();
     create(&disk).await;
 
-    let (mut total_acked, mut total_rows, mut wal_shadows) = (0, 0, 0);
+    let mut rounds = harness::Rounds::default();
     for round in 0..ROUNDS {
         // A slower disk every other round: bigger groups.
         let fsync_delay_us = if round % 2 == 0 { 0 } else { 1000 };
@@ -392,12 +392,7 @@ async fn survives_power_loss(test: &str, config: &str) {
             "round {round}: refused writes: {:?}",
             book.refused
         );
-        let lost: Vec<_> = book
-            .acked
-            .iter()
-            .filter(|id| !recovered.contains_key(id))
-            .collect();
-        let doubled: Vec<_> = recovered.iter().filter(|(_, n)| **n > 1).collect();
+        let found = rounds.check(round, &book.acked, &recovered, &crashed, base, &shadowed);
         let unacked = book.sent.difference(&book.acked);
         let (mut inflight_kept, mut inflight_lost) = (0, 0);
         for id in unacked {
@@ -407,12 +402,7 @@ async fn survives_power_loss(test: &str, config: &str) {
                 inflight_lost += 1;
             }
         }
-        let round_rows = recovered.keys().filter(|id| **id >= base).count();
-        let crash_rows = crashed.keys().filter(|id| **id >= base).count();
-        let beyond_crash: Vec<_> = recovered
-            .keys()
-            .filter(|id| !crashed.contains_key(id))
-            .collect();
+        let lost = &found.lost;
         eprintln!(
             "round {round} (fsync delay {fsync_delay_us} us, kill after {} ms): {} acknowledged, \
              {} of them lost; {} rows of the round after the power loss ({} after a mere crash: \
@@ -421,9 +411,9 @@ async fn survives_power_loss(test: &str, config: &str) {
             delay.as_millis(),
             book.acked.len(),
             lost.len(),
-            round_rows,
-            crash_rows,
-            crash_rows - round_rows.min(crash_rows),
+            found.rows,
+            found.crash_rows,
+            found.crash_rows - found.rows.min(found.crash_rows),
         );
         assert!(
             lost.is_empty(),
@@ -432,36 +422,8 @@ async fn survives_power_loss(test: &str, config: &str) {
             lost.len(),
             lost.iter().take(10).collect::<Vec<_>>()
         );
-        assert!(
-            doubled.is_empty(),
-            "round {round}: in the file twice: {doubled:?}"
-        );
-        assert!(
-            beyond_crash.is_empty(),
-            "round {round}: the simulator is broken: rows after the power loss that a crash \
-             would not keep: {beyond_crash:?}"
-        );
-        if shadowed.contains(&format!("{DB}-wal")) {
-            wal_shadows += 1;
-        }
-        total_acked += book.acked.len();
-        total_rows = recovered.len();
     }
-    eprintln!(
-        "{test}: {total_acked} writes acknowledged in {ROUNDS} rounds, none lost; {total_rows} \
-         rows in the file; the WAL had a durable shadow at {wal_shadows} of the power losses"
-    );
-    assert!(
-        total_acked > 0,
-        "the server acknowledged writes between kills"
-    );
-    // The shim did something: the WAL was synced through it (a shim that did nothing would
-    // leave no shadow, and the database would be gone after the power loss).
-    assert!(total_rows > 0, "rows survived the power losses");
-    assert!(
-        wal_shadows > 0,
-        "the WAL was synced through the shim in some round"
-    );
+    rounds.finish(test, ROUNDS);
 }
 
 /// The control: at `NORMAL` with group commit off, nothing syncs the WAL before a checkpoint;

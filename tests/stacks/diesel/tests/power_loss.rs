@@ -391,7 +391,7 @@ fn every_acknowledged_write_survives_power_loss_on_the_diesel_writer_thread() {
     let disk = Disk::new();
     create(&disk, ACKS_SCHEMA);
 
-    let (mut total_acked, mut total_rows, mut wal_shadows) = (0, 0, 0);
+    let mut rounds = harness::Rounds::default();
     for round in 0..ROUNDS {
         // A slower disk every other round: bigger groups.
         let fsync_delay_us = if round % 2 == 0 { 0 } else { 1000 };
@@ -416,18 +416,8 @@ fn every_acknowledged_write_survives_power_loss_on_the_diesel_writer_thread() {
             "round {round}: failed writes: {:?}",
             served.failed
         );
-        let lost: Vec<_> = served
-            .acked
-            .iter()
-            .filter(|id| !recovered.contains_key(id))
-            .collect();
-        let doubled: Vec<_> = recovered.iter().filter(|(_, n)| **n > 1).collect();
-        let round_rows = recovered.keys().filter(|id| **id >= base).count();
-        let crash_rows = crashed.keys().filter(|id| **id >= base).count();
-        let beyond_crash: Vec<_> = recovered
-            .keys()
-            .filter(|id| !crashed.contains_key(id))
-            .collect();
+        let found = rounds.check(round, &served.acked, &recovered, &crashed, base, &shadowed);
+        let (lost, round_rows, crash_rows) = (&found.lost, found.rows, found.crash_rows);
         eprintln!(
             "{test}: round {round} (fsync delay {fsync_delay_us} us, killed after {kill_after} \
              acknowledgements read): {} acknowledged, {} of them lost; {round_rows} rows of the \
@@ -449,36 +439,8 @@ fn every_acknowledged_write_survives_power_loss_on_the_diesel_writer_thread() {
             integrity, "ok",
             "round {round}: the recovered file is sound (seed {seed})"
         );
-        assert!(
-            doubled.is_empty(),
-            "round {round}: in the file twice: {doubled:?}"
-        );
-        assert!(
-            beyond_crash.is_empty(),
-            "round {round}: the simulator is broken: rows after the power loss that a crash \
-             would not keep: {beyond_crash:?}"
-        );
-        if shadowed.contains(&format!("{DB}-wal")) {
-            wal_shadows += 1;
-        }
-        total_acked += served.acked.len();
-        total_rows = recovered.len();
     }
-    eprintln!(
-        "{test}: {total_acked} writes acknowledged in {ROUNDS} rounds, none lost; {total_rows} \
-         rows in the file; the WAL had a durable shadow at {wal_shadows} of the power losses"
-    );
-    assert!(
-        total_acked > 0,
-        "the child acknowledged writes between kills"
-    );
-    // The shim did something: the WAL was synced through it (a shim not loaded would leave no
-    // shadow of the WAL, and every round's rows would be gone after the power loss).
-    assert!(total_rows > 0, "rows survived the power losses");
-    assert!(
-        wal_shadows > 0,
-        "the WAL was synced through the shim in some round"
-    );
+    rounds.finish(test, ROUNDS);
 }
 
 /// The control: the Diesel writer thread at `synchronous_normal()`, where nothing syncs the
