@@ -565,6 +565,11 @@ impl ReadLimit {
     /// The longest a read held back waits for its place; past it, it runs without one. Reads
     /// that keep their place long (a long poll, a slow report) hold the others back at most
     /// this long. Zero is refused ([`validate`](Self::validate)).
+    ///
+    /// Longer keeps more of the writes where a read costs as much CPU as a write (a password
+    /// hash checked on every request): there the default 10 ms let the held-back reads take
+    /// most of the CPU, and 50 ms kept 1.4× as many writes (docs/write-path.md, "Readers beside
+    /// the writer"). With cheap reads it gained nothing.
     pub fn max_wait(mut self, most: Duration) -> Self {
         self.wait = most;
         self
