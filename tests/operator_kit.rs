@@ -1612,7 +1612,9 @@ async fn write_failures_are_counted_by_stage() {
     let db = TestDb::new();
     let pool = SqlitePoolOptions::new()
         .max_connections(2)
-        .acquire_timeout(Duration::from_millis(100))
+        // The turn's wait below ends at this; long enough that opening a connection on a
+        // busy machine never meets it (100 ms did, under CI's load).
+        .acquire_timeout(Duration::from_secs(1))
         .connect_with(db.options(Duration::ZERO))
         .await
         .unwrap();

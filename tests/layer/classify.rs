@@ -118,7 +118,9 @@ async fn pool_timeout_is_retryable_pool_closed_is_not() {
     let db = TestDb::new();
     let pool = SqlitePoolOptions::new()
         .max_connections(1)
-        .acquire_timeout(Duration::from_millis(50))
+        // The second acquire waits this long; opening the first connection on a busy machine
+        // must not meet it.
+        .acquire_timeout(Duration::from_secs(1))
         .connect_with(db.options(Duration::ZERO))
         .await
         .unwrap();

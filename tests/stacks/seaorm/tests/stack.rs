@@ -240,7 +240,9 @@ async fn what_seaorms_errors_show() {
     let db = seaorm(
         &SqlitePoolOptions::new()
             .max_connections(1)
-            .acquire_timeout(Duration::from_millis(100))
+            // The query below waits this long; opening the first connection on a busy
+            // machine must not meet it.
+            .acquire_timeout(Duration::from_secs(1))
             .connect_with(options.clone())
             .await
             .unwrap(),
