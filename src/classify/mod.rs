@@ -202,3 +202,17 @@ pub(crate) fn classified_by(
     let _ = error;
     None
 }
+
+/// Whether `error` (of a type the asker cannot name) is a [`DbError`](crate::DbError) tagged
+/// retryable for SQLite's `SQLITE_BUSY` (any of its extended codes): what the writer thread
+/// asks of a closure's error, beside its driver's own type.
+#[cfg_attr(
+    not(any(feature = "rusqlite-write", feature = "diesel-write")),
+    allow(dead_code, reason = "the writer thread asks it")
+)]
+pub(crate) fn is_sqlite_busy(error: &dyn std::any::Any) -> bool {
+    error
+        .downcast_ref::<crate::DbError>()
+        .and_then(crate::DbError::retryable)
+        .is_some_and(|marker| marker.name().starts_with("SQLITE_BUSY"))
+}

@@ -77,10 +77,23 @@ impl TurnCounts {
     /// A writer starts waiting for the turn; it stops when the guard drops (granted, past its
     /// bound, or cancelled).
     pub(crate) fn waiting_for_turn(&self) -> Waiting<'_> {
+        self.start_waiting();
+        Waiting { counts: self }
+    }
+
+    /// One more writer waiting (the gauge, the process-wide count the read limit asks): each
+    /// call is matched by one [`stop_waiting`](Self::stop_waiting), by a guard's `Drop`.
+    pub(crate) fn start_waiting(&self) {
         self.waiting.fetch_add(1, Ordering::Relaxed);
         WAITING_ANYWHERE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         recorder::write_waiting(&self.database, 1);
-        Waiting { counts: self }
+    }
+
+    /// One writer fewer waiting.
+    pub(crate) fn stop_waiting(&self) {
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+        WAITING_ANYWHERE.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        recorder::write_waiting(&self.database, -1);
     }
 
     /// The turn was taken, after `waited`: when, for [`given_back`](Self::given_back).
@@ -133,9 +146,36 @@ impl TurnCounts {
         }
     }
 
-    /// The slow-transaction WARN, at most one per [`WARN_EVERY`] per database; it counts the
-    /// ones left out since the last. No user data: the route template, the method, times.
-    fn slow(&self, route: Option<&Route>, waited: Duration, held: Duration, threshold: Duration) {
+    /// A transaction has held the turn `held` so far, past `threshold`, and still runs: said
+    /// while it runs (the writer thread's callers ask, `thread/mod.rs`), at WARN, within the
+    /// same limit as the slow-transaction WARN at its end.
+    #[cfg(any(feature = "rusqlite-write", feature = "diesel-write"))]
+    pub(crate) fn report_running(
+        &self,
+        route: Option<&Route>,
+        held: Duration,
+        threshold: Duration,
+    ) {
+        let Some(suppressed) = self.may_warn() else {
+            return;
+        };
+        tracing::event!(
+            target: "tower_sqlite_retry",
+            tracing::Level::WARN,
+            http.request.method = route.map(|r| r.method.as_str()),
+            http.route = route.and_then(Route::path),
+            db.namespace = &*self.database,
+            db.write.held_ms = held.as_secs_f64() * 1000.0,
+            db.write.threshold_ms = threshold.as_secs_f64() * 1000.0,
+            db.write.suppressed = suppressed,
+            "slow write transaction: it has held the database's write turn past the threshold \
+             and still runs; every other writer waits"
+        );
+    }
+
+    /// Whether a slow-transaction WARN may be written now (at most one per [`WARN_EVERY`] per
+    /// database): how many were left out since the last, if so; counted left out if not.
+    fn may_warn(&self) -> Option<u64> {
         let now = nanos_since_base(Instant::now());
         let next = self.next_warn.load(Ordering::Relaxed);
         let every = u64::try_from(WARN_EVERY.as_nanos()).unwrap_or(u64::MAX);
@@ -151,9 +191,17 @@ impl TurnCounts {
                 .is_ok();
         if !ours {
             self.suppressed.fetch_add(1, Ordering::Relaxed);
-            return;
+            return None;
         }
-        let suppressed = self.suppressed.swap(0, Ordering::Relaxed);
+        Some(self.suppressed.swap(0, Ordering::Relaxed))
+    }
+
+    /// The slow-transaction WARN, at most one per [`WARN_EVERY`] per database; it counts the
+    /// ones left out since the last. No user data: the route template, the method, times.
+    fn slow(&self, route: Option<&Route>, waited: Duration, held: Duration, threshold: Duration) {
+        let Some(suppressed) = self.may_warn() else {
+            return;
+        };
         tracing::event!(
             target: "tower_sqlite_retry",
             tracing::Level::WARN,
@@ -208,9 +256,7 @@ pub(crate) struct Waiting<'a> {
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.counts.waiting.fetch_sub(1, Ordering::Relaxed);
-        WAITING_ANYWHERE.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        recorder::write_waiting(&self.counts.database, -1);
+        self.counts.stop_waiting();
     }
 }
 

@@ -171,28 +171,55 @@ impl Queue {
         slow: Option<Duration>,
         until: impl FnOnce() -> Option<Instant>,
     ) -> Option<Turn> {
-        self.take_as(request, slow, until, true).await
+        self.take_as(request, slow, until, Holder::Writer).await
     }
 
     /// The turn for the checkpointer, which is no writer: in line as any (FIFO, one holder),
     /// but neither counted waiting (so that no writer changes level for it, nor the read
     /// limit engages) nor counted a transaction, its time not in the writers' busy time.
     pub(crate) async fn take_for_checkpoint(self: &Arc<Self>) -> Turn {
-        self.take_as(None, None, || None, false)
+        self.take_as(None, None, || None, Holder::Checkpoint)
             .await
             .expect("a wait without a bound ends with the turn")
     }
 
-    /// The turn at once if it is free (a writer's, counted as [`take`](Self::take) counts it),
-    /// with no await: what a writer thread asks before it waits.
+    /// The turn for the writer thread, at once if it is free: for a closure sent `since`
+    /// (its wait, counted from then by its own [`Queued`] guard, is timed from then). Never
+    /// named on the closure's request: the writer thread runs one closure at a time, so a
+    /// request's second closure waits for its first, not for itself.
     #[cfg(any(feature = "rusqlite-write", feature = "diesel-write"))]
-    pub(crate) fn try_take(
+    pub(crate) fn try_take_for_thread(
         self: &Arc<Self>,
         request: Option<Arc<RequestState>>,
         slow: Option<Duration>,
+        since: std::time::Instant,
     ) -> Option<Turn> {
         let permit = self.turn.try_acquire().ok()?;
-        Some(self.turn_of(permit, Duration::ZERO, request, slow, true))
+        Some(self.turn_of(permit, Holder::Thread { since }, None, request, slow))
+    }
+
+    /// [`try_take_for_thread`](Self::try_take_for_thread), waiting in line for the turn with
+    /// no bound of its own: the writer thread bounds it (dropped, the wait leaves the line).
+    #[cfg(any(feature = "rusqlite-write", feature = "diesel-write"))]
+    pub(crate) async fn take_for_thread(
+        self: &Arc<Self>,
+        request: Option<Arc<RequestState>>,
+        slow: Option<Duration>,
+        since: std::time::Instant,
+    ) -> Turn {
+        self.take_as(request, slow, || None, Holder::Thread { since })
+            .await
+            .expect("a wait without a bound ends with the turn")
+    }
+
+    /// A closure sent to a writer thread: counted waiting for this database's turn until the
+    /// guard drops (the writer thread took the turn for it, or it left the queue).
+    #[cfg(any(feature = "rusqlite-write", feature = "diesel-write"))]
+    pub(crate) fn queued(self: &Arc<Self>) -> Queued {
+        self.counts.start_waiting();
+        Queued {
+            queue: Arc::clone(self),
+        }
     }
 
     async fn take_as(
@@ -200,40 +227,48 @@ impl Queue {
         request: Option<Arc<RequestState>>,
         slow: Option<Duration>,
         until: impl FnOnce() -> Option<Instant>,
-        writer: bool,
+        holder: Holder,
     ) -> Option<Turn> {
-        let (permit, waited) = match self.turn.try_acquire() {
-            Ok(permit) => (permit, Duration::ZERO),
+        let (permit, waited_from) = match self.turn.try_acquire() {
+            Ok(permit) => (permit, None),
             Err(TryAcquireError::NoPermits) => {
                 let started = std::time::Instant::now();
-                let _waiting = writer.then(|| self.counts.waiting_for_turn());
+                let _waiting =
+                    matches!(holder, Holder::Writer).then(|| self.counts.waiting_for_turn());
                 let acquire = self.turn.acquire();
                 let acquired = match until() {
                     Some(until) => tokio::time::timeout_at(until, acquire).await.ok()?,
                     None => acquire.await,
                 };
                 let permit = acquired.expect("the turn's semaphore is never closed");
-                (permit, started.elapsed())
+                (permit, Some(started))
             }
             Err(TryAcquireError::Closed) => unreachable!("the turn's semaphore is never closed"),
         };
-        Some(self.turn_of(permit, waited, request, slow, writer))
+        Some(self.turn_of(permit, holder, waited_from, request, slow))
     }
 
-    /// The `Turn` of a permit just taken. NOTE: a plain function: no await between the permit
-    /// and the `Turn`, which gives it back (once, in its `Drop`).
+    /// The `Turn` of a permit just taken (after a wait begun at `waited_from`, if it waited).
+    /// NOTE: a plain function: no await between the permit and the `Turn`, which gives it back
+    /// (once, in its `Drop`).
     fn turn_of(
         self: &Arc<Self>,
         permit: tokio::sync::SemaphorePermit<'_>,
-        waited: Duration,
+        holder: Holder,
+        waited_from: Option<std::time::Instant>,
         request: Option<Arc<RequestState>>,
         slow: Option<Duration>,
-        writer: bool,
     ) -> Turn {
         permit.forget();
-        if let Some(request) = &request {
+        let named = matches!(holder, Holder::Writer) && request.is_some();
+        if let Some(request) = request.as_ref().filter(|_| named) {
             request.turns().name(self.id());
         }
+        let waited = match holder {
+            Holder::Thread { since } => since.elapsed(),
+            _ => waited_from.map_or(Duration::ZERO, |from| from.elapsed()),
+        };
+        let writer = !matches!(holder, Holder::Checkpoint);
         let taken = match writer {
             true => self
                 .counts
@@ -242,13 +277,45 @@ impl Queue {
         };
         Turn {
             queue: Arc::clone(self),
-            named: request.is_some(),
+            named,
             request,
             taken,
             waited,
             slow,
             writer,
         }
+    }
+}
+
+/// Who takes a turn, and so how it is counted and whether it names its request.
+#[derive(Clone, Copy)]
+enum Holder {
+    /// A writer (for a request, or none): counted waiting while it waits, and named on its
+    /// request while it holds the turn.
+    Writer,
+    /// The writer thread, for a closure sent `since`: counted waiting by the closure's own
+    /// [`Queued`] guard since then, its wait timed from then; never named on the closure's
+    /// request (see [`Queue::try_take_for_thread`]).
+    #[cfg_attr(
+        not(any(feature = "rusqlite-write", feature = "diesel-write")),
+        allow(dead_code, reason = "the writer thread's")
+    )]
+    Thread { since: std::time::Instant },
+    /// The checkpointer: neither counted nor named.
+    Checkpoint,
+}
+
+/// A closure on its way to a writer thread, counted waiting for its database's turn until
+/// dropped ([`Queue::queued`]).
+#[cfg(any(feature = "rusqlite-write", feature = "diesel-write"))]
+pub(crate) struct Queued {
+    queue: Arc<Queue>,
+}
+
+#[cfg(any(feature = "rusqlite-write", feature = "diesel-write"))]
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.queue.counts.stop_waiting();
     }
 }
 

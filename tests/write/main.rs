@@ -15,4 +15,5 @@ mod write_observability;
 mod write_path;
 mod write_stress;
 mod write_thread;
+mod write_thread_contract;
 mod write_trust;

@@ -29,7 +29,6 @@
 //! read and written without ordering, and a wrong one only means a sleep or a poll too many.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
@@ -120,43 +119,37 @@ async fn answer_within<R>(
     answer
 }
 
-/// The writer thread's wait for its next closure.
-#[derive(Debug, Default)]
+/// The writer thread's wait for its next closure: whether to spin for it, and for how long,
+/// before it sleeps (`Inbox::take` does the waiting).
+#[derive(Debug)]
 pub(super) struct Next {
-    /// The last closure came within [`NEXT_SPIN`] of the thread going idle and ran for less.
+    /// The last closure came within `spin` of the thread going idle and ran for less.
     hot: bool,
+    /// At most how long to spin ([`NEXT_SPIN`]; the tests' seam).
+    spin: Duration,
+}
+
+impl Default for Next {
+    fn default() -> Self {
+        Self::with_spin(NEXT_SPIN)
+    }
 }
 
 impl Next {
-    /// The next closure; `None` once every sender is gone. `ran`: how long the last closure
-    /// took on the writer thread (zero before the first).
-    pub(super) fn take<J>(&mut self, jobs: &mpsc::Receiver<J>, ran: Duration) -> Option<J> {
-        self.take_within(jobs, ran, NEXT_SPIN)
+    pub(super) fn with_spin(spin: Duration) -> Self {
+        Self { hot: false, spin }
     }
 
-    /// [`Next::take`], spinning for at most `spin` (the tests' seam).
-    fn take_within<J>(
-        &mut self,
-        jobs: &mpsc::Receiver<J>,
-        ran: Duration,
-        spin: Duration,
-    ) -> Option<J> {
-        let idle = Instant::now();
-        if self.hot && ran < spin {
-            loop {
-                match jobs.try_recv() {
-                    Ok(job) => return Some(job),
-                    Err(mpsc::TryRecvError::Disconnected) => return None,
-                    Err(mpsc::TryRecvError::Empty) if idle.elapsed() < spin => {
-                        std::hint::spin_loop();
-                    }
-                    Err(mpsc::TryRecvError::Empty) => break,
-                }
-            }
-        }
-        let job = jobs.recv().ok()?;
-        self.hot = idle.elapsed() < spin;
-        Some(job)
+    /// How long to spin for the next closure before sleeping, if at all: only while closures
+    /// come back to back and are short. `ran`: how long the last one took on the writer
+    /// thread (zero before the first).
+    pub(super) fn spin_for(&self, ran: Duration) -> Option<Duration> {
+        (self.hot && ran < self.spin).then_some(self.spin)
+    }
+
+    /// A closure came, the thread having gone idle at `idle`.
+    pub(super) fn came(&mut self, idle: Instant) {
+        self.hot = idle.elapsed() < self.spin;
     }
 }
 
@@ -264,31 +257,15 @@ mod tests {
 
     #[test]
     fn the_writer_spins_only_for_closures_that_come_back_to_back() {
-        let (tx, rx) = mpsc::channel::<u32>();
-        let mut next = Next::default();
-        // Came at once (within the window): hot.
-        tx.send(1).unwrap();
-        assert_eq!(next.take_within(&rx, Duration::ZERO, LONG), Some(1));
-        assert!(next.hot);
-        // Hot, and the last closure was short: a closure sent meanwhile is found by the spin.
-        let sender = {
-            let tx = tx.clone();
-            std::thread::spawn(move || tx.send(2).unwrap())
-        };
-        assert_eq!(next.take_within(&rx, Duration::ZERO, LONG), Some(2));
-        assert!(next.hot);
-        sender.join().unwrap();
-        // Late (past a zero window): cold, and the next wait sleeps at once.
-        tx.send(3).unwrap();
-        assert_eq!(
-            next.take_within(&rx, Duration::ZERO, Duration::ZERO),
-            Some(3)
-        );
-        assert!(!next.hot);
-        // Every sender gone: the end, spinning or not.
-        drop(tx);
-        assert_eq!(next.take_within(&rx, Duration::ZERO, LONG), None);
-        next.hot = true;
-        assert_eq!(next.take_within(&rx, Duration::ZERO, LONG), None);
+        let mut next = Next::with_spin(LONG);
+        assert_eq!(next.spin_for(Duration::ZERO), None, "cold: sleeps at once");
+        // Came at once (within the window): hot, and spins after a short closure.
+        next.came(Instant::now());
+        assert_eq!(next.spin_for(Duration::ZERO), Some(LONG));
+        assert_eq!(next.spin_for(LONG), None, "not after a long one");
+        // Late (past a zero window): cold.
+        let mut late = Next::with_spin(Duration::ZERO);
+        late.came(Instant::now());
+        assert_eq!(late.spin_for(Duration::ZERO), None);
     }
 }

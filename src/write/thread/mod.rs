@@ -35,9 +35,29 @@
 //!   all-or-nothing, and blind to another's failure. After a failed sync of the WAL the file is
 //!   refused every write until the process restarts, as on the sqlx path (`mod.rs`, "Group
 //!   commit").
-//! - **Deadline and cancellation**: a closure whose request's deadline passes, or whose caller
-//!   stopped waiting (the request dropped), before its turn never runs; one that started runs
-//!   to its end, and its transaction is counted whether or not anyone hears of it.
+//! - **Every wait ends by the caller's deadline.** A closure waits in the writer thread's
+//!   inbox (`inbox.rs`), then for the turn, then for SQLite's lock (another process's write,
+//!   in `BEGIN IMMEDIATE`). Its caller is answered at its deadline by a timer of its own,
+//!   whatever the writer thread is doing: a closure still in the inbox then is taken out of it
+//!   and never runs. Once the writer thread took it, each wait there is bounded by the same
+//!   deadline: the turn's, and SQLite's busy handler (the writer connection's `busy_timeout` is
+//!   lowered to what is left of the deadline for its `BEGIN`). A closure that began runs to its
+//!   end (nothing cuts a transaction under way), and is counted whether or not anyone hears of
+//!   it. Closures without a deadline keep `busy_timeout`'s wait.
+//! - **Nothing wedges.** Whatever the last closure did (left its transaction open, ended it
+//!   itself, had it rolled back by SQLite after `SQLITE_FULL` or a trigger's `RAISE(ROLLBACK)`,
+//!   panicked), the connection is made clean before the turn goes on: rolled back, and the
+//!   driver's own transaction state reset (`Owned::make_clean`), said at WARN and counted as a
+//!   write error. A transaction that was over before the write path ended it may have
+//!   committed (a raw `COMMIT`): its request is fenced.
+//! - **Memory is bounded.** At most [`MAX_QUEUED`](inbox::MAX_QUEUED) closures wait in the
+//!   inbox; past it a caller waits for room within its deadline, and past that it gets the
+//!   turn's retryable error. A closure whose caller left is dropped at once, with what it
+//!   captured.
+//! - **Everything is seen.** A closure is counted waiting for the turn from the moment it is
+//!   sent (`WriteStats::waiting`, the `write_waiting` gauge, the read limit, and its wait in
+//!   `write_wait`); one that holds the turn past the slow threshold is reported while it runs,
+//!   by its caller, and again when it ends.
 //! - **A bound on commits waiting for one fsync** (`MAX_UNANSWERED`, 512, as on the sqlx
 //!   path): while that many committed closures wait unanswered (those the fsync under way
 //!   runs for and those queued for the next), the writer thread begins no other, before it
@@ -45,47 +65,77 @@
 //!   instead of letting every closure commit (visible to readers) without an answer. (The
 //!   sqlx path lets the next transaction commit at `FULL` in the turn instead, which on a
 //!   stalled disk waits just the same; here the level would have to change per driver.)
+//! - **Shutdown is truthful.** Once the last handle is dropped the writer thread runs what is
+//!   in its inbox, the fsync thread answers every committed closure, and only then is the
+//!   connection closed (closing SQLite's last connection deletes the WAL a pending fsync would
+//!   sync).
+//! - **No runtime is needed** on the writer thread: a closure that waits there for a turn held
+//!   elsewhere in the process is polled on the thread itself (`block.rs`).
 //!
 //! A task that writes in a loop, one closure at a time, would pay two wake-ups of a sleeping
 //! thread per transaction (the writer thread's, then the caller's worker's): `hand_off.rs`
 //! replaces them with short waits that do not sleep, only while closures come back to back.
+//!
+//! The files: this one, the caller's side (`Core`: sending a closure, waiting for its answer
+//! or its deadline); `writer.rs`, the writer thread's side (a closure from its turn to its
+//! answer); `inbox.rs`, the queue between them; `fsync.rs`, group commit's fsync thread;
+//! `hand_off.rs` and `block.rs`, the waits; `on_rusqlite.rs` and `on_diesel.rs`, the drivers.
 
+use std::any::Any;
+use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::attempt::{RequestState, current_request};
+use crate::attempt::current_request;
 use crate::recorder::{self, WriteStage};
 
 use super::failed::GroupCommitFailed;
-use super::group::{MAX_UNANSWERED, report_stop, report_sync, stop_reason};
 use super::stats::WriteStats;
-use super::turn::{Queue, Turn};
-use super::wal::Wal;
+use super::turn::Queue;
 
+mod block;
+mod fsync;
 mod hand_off;
+mod inbox;
 #[cfg(feature = "diesel-write")]
 pub(crate) mod on_diesel;
 #[cfg(feature = "rusqlite-write")]
 pub(crate) mod on_rusqlite;
+mod progress;
+mod writer;
+
+use fsync::Fsync;
+use inbox::{Inbox, Refused, Ticket};
+use progress::Progress;
+use writer::{Sent, Writer};
 
 /// A closure on its way to the writer thread, typed away.
 type Job<C> = Box<dyn FnOnce(&mut Writer<C>) + Send>;
 
-/// A connection the writer thread owns.
+/// A connection the writer thread owns: what the writer thread asks of its driver beside the
+/// transaction itself (`Ran`).
 pub(super) trait Owned: Send + 'static {
-    /// After a closure panicked: the connection made clean (no transaction left open on it,
-    /// as the driver counts it and as SQLite does); `false` if it could not be, and the writer
-    /// thread then ends.
-    fn recover(&mut self) -> bool;
-}
+    /// Makes the connection clean if it is not: no transaction left open on it, as SQLite
+    /// counts it and as the driver does (rolled back, the driver's own state reset). `Ok(true)`
+    /// if something was left open; `Err`: it could not be made clean (the writer thread then
+    /// ends, its callers told).
+    fn make_clean(&mut self) -> Result<bool, String>;
 
-/// What a committed closure's caller is told once its fsync ran.
-type Deliver = Box<dyn FnOnce(Result<(), GroupCommitFailed>) + Send>;
+    /// Sets how long SQLite's busy handler waits for another connection's lock (the
+    /// connection's `busy_timeout`); `false` if it could not be set.
+    fn set_busy_timeout(&mut self, wait: Duration) -> bool;
+
+    /// Whether a closure's error is `SQLITE_BUSY` (as the driver's error, or as a `DbError`
+    /// tagged with it): met by a closure, it is a lock the closure waited for through a
+    /// connection of its own, while the writer connection (its own transaction) held it.
+    fn is_busy(error: &dyn Any) -> bool;
+}
 
 /// What a closure's transaction came to on the writer thread: the driver's part of the work
 /// (`BEGIN IMMEDIATE`, the closure, `COMMIT` or `ROLLBACK`) tells the writer's part (the turn,
@@ -101,8 +151,11 @@ pub(super) enum Ran<T, E> {
         stage: Option<WriteStage>,
         disk: bool,
     },
-    /// The closure ended the transaction itself (a raw `COMMIT` or `ROLLBACK`): what it wrote
-    /// may have committed, outside the write path.
+    /// The transaction was over before the write path ended it: the closure ended it (a raw
+    /// `COMMIT` or `ROLLBACK`), or SQLite rolled it back itself (after `SQLITE_FULL`, an I/O
+    /// error, a trigger's `RAISE(ROLLBACK)`). What the closure wrote may have committed (a raw
+    /// `COMMIT`): the request is fenced. `error`: the closure's own if it failed, the writer's
+    /// if it returned `Ok`.
     EndedInside(E),
 }
 
@@ -115,6 +168,14 @@ pub(super) struct Errors<E> {
     /// A misuse, or the writer thread gone.
     pub(super) misuse: fn(&str) -> E,
 }
+
+impl<E> Clone for Errors<E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<E> Copy for Errors<E> {}
 
 /// How the writer thread opens and runs its connection (`WriteThread::open_with`,
 /// `DieselWriteThread::open_with`).
@@ -183,30 +244,66 @@ impl WriteThreadOptions {
     }
 }
 
-/// One writer thread (and its fsync thread), whatever the driver: the channel its closures
-/// go through, the file's turn, and group commit's fsync.
+/// One writer thread (and its fsync thread), whatever the driver: the inbox its closures go
+/// through, the file's turn, and group commit's fsync. Cloning is cheap; once the last clone
+/// is dropped the writer thread runs what its inbox holds, then ends.
 pub(super) struct Core<C> {
-    jobs: mpsc::Sender<Job<C>>,
-    /// Closures sent and not yet taken by the writer thread.
-    queued: Arc<AtomicUsize>,
-    /// How quickly closures sent alone are answered (`hand_off.rs`).
-    pace: Arc<hand_off::Pace>,
-    queue: Arc<Queue>,
-    path: PathBuf,
-    /// Group commit's fsync thread, for the test seam.
-    fsync: Option<Arc<Fsync>>,
+    inner: Arc<Inner<C>>,
 }
 
 impl<C> Clone for Core<C> {
     fn clone(&self) -> Self {
         Self {
-            jobs: self.jobs.clone(),
-            queued: Arc::clone(&self.queued),
-            pace: Arc::clone(&self.pace),
-            queue: Arc::clone(&self.queue),
-            path: self.path.clone(),
-            fsync: self.fsync.clone(),
+            inner: Arc::clone(&self.inner),
         }
+    }
+}
+
+struct Inner<C> {
+    inbox: Arc<Inbox<Job<C>>>,
+    /// How quickly closures sent alone are answered (`hand_off.rs`).
+    pace: hand_off::Pace,
+    queue: Arc<Queue>,
+    path: PathBuf,
+    slow: Option<Duration>,
+    /// Group commit's fsync thread, for the test seam.
+    fsync: Option<Arc<Fsync>>,
+}
+
+impl<C> Drop for Inner<C> {
+    fn drop(&mut self) {
+        // Every handle is gone: no closure comes any more.
+        self.inbox.close();
+    }
+}
+
+/// A closure in the inbox, from its caller's side: withdrawn if the caller leaves while it is
+/// there (dropped, or at its deadline).
+struct Pending<'a, J> {
+    inbox: &'a Inbox<J>,
+    progress: &'a Progress,
+    database: &'a str,
+    /// `None` once answered, or once the writer thread is known to have taken it.
+    ticket: Option<Ticket>,
+}
+
+impl<J> Pending<'_, J> {
+    /// Takes the closure out of the inbox: `true` if it was still there (it never runs).
+    fn withdraw(&mut self) -> bool {
+        self.ticket
+            .take()
+            .is_some_and(|ticket| self.inbox.withdraw(ticket))
+    }
+}
+
+impl<J> Drop for Pending<'_, J> {
+    fn drop(&mut self) {
+        // NOTE: the caller left (its future dropped): a closure still in the inbox is dropped
+        // now, with what it captured; one the writer thread took sees its caller gone (its
+        // answer's receiver dropped) and does not begin, or runs to its end if it began. What
+        // the writer thread noted of it before its answer was left unheard is said now.
+        self.withdraw();
+        self.progress.say(self.database);
     }
 }
 
@@ -219,7 +316,7 @@ impl<C: Owned> Core<C> {
         path: PathBuf,
         file: &str,
         shared: bool,
-        slow: Option<Duration>,
+        options: &WriteThreadOptions,
     ) -> Result<Self, String> {
         let queue = if file.is_empty() {
             Queue::of_private(Arc::new(()))
@@ -229,63 +326,39 @@ impl<C: Owned> Core<C> {
         let fsync = if shared {
             let mut wal_path = std::ffi::OsString::from(file);
             wal_path.push("-wal");
-            let wal_path = PathBuf::from(wal_path);
-            let wal = Wal::open(&wal_path).map_err(|e| {
-                format!(
-                    "the WAL ({}) could not be opened for group commit's fsync: {e}",
-                    wal_path.display()
-                )
-            })?;
-            Some(Arc::new(Fsync {
-                state: Mutex::default(),
-                wake: Condvar::new(),
-                room: Condvar::new(),
-                wal,
-                path: wal_path,
-                queue: Arc::clone(&queue),
-            }))
+            Some(Arc::new(Fsync::open(
+                PathBuf::from(wal_path),
+                Arc::clone(&queue),
+            )?))
         } else {
             None
         };
-        let (jobs, received) = mpsc::channel::<Job<C>>();
-        let queued = Arc::new(AtomicUsize::new(0));
-        let writer = Writer {
-            conn,
-            queued: Arc::clone(&queued),
-            queue: Arc::clone(&queue),
-            runtime: tokio::runtime::Handle::try_current().ok(),
-            fsync: fsync.clone(),
-            slow,
-        };
-        let name = format!("tsr-writer:{}", queue.database());
+        let inbox = Arc::new(Inbox::new());
         let no_thread = |e: std::io::Error| format!("no thread for the writer: {e}");
-        if let Some(fsync) = fsync.clone() {
-            let closing = Arc::clone(&fsync);
-            std::thread::Builder::new()
-                .name(format!("tsr-fsync:{}", queue.database()))
-                .spawn(move || fsync.run())
-                .map_err(no_thread)?;
-            std::thread::Builder::new()
-                .name(name)
-                .spawn(move || {
-                    writer.serve(received);
-                    // The writer is gone: the fsync thread answers whatever waits, and ends.
-                    closing.close();
-                })
-                .map_err(no_thread)?;
-        } else {
-            std::thread::Builder::new()
-                .name(name)
-                .spawn(move || writer.serve(received))
-                .map_err(no_thread)?;
-        }
+        let fsync_thread = match &fsync {
+            Some(fsync) => Some(fsync.spawn().map_err(no_thread)?),
+            None => None,
+        };
+        let writer = Writer::new(
+            conn,
+            Arc::clone(&inbox),
+            Arc::clone(&queue),
+            fsync.clone(),
+            options,
+        );
+        std::thread::Builder::new()
+            .name(format!("tsr-writer:{}", queue.database()))
+            .spawn(move || writer.serve(fsync_thread))
+            .map_err(no_thread)?;
         Ok(Self {
-            jobs,
-            queued,
-            pace: Arc::new(hand_off::Pace::new()),
-            queue,
-            path,
-            fsync,
+            inner: Arc::new(Inner {
+                inbox,
+                pace: hand_off::Pace::new(),
+                queue,
+                path,
+                slow: options.slow,
+                fsync,
+            }),
         })
     }
 
@@ -300,45 +373,150 @@ impl<C: Owned> Core<C> {
         T: Send + 'static,
         E: Send + 'static,
     {
+        let inner = &*self.inner;
         let request = current_request();
-        if self.queue.is_held_by(request.as_ref()) {
+        let failed = |stage| recorder::write_error(Some(inner.queue.database()), stage);
+        // The request holds this file's turn through another write path (a `WriteTransaction`
+        // or a `WriteTurn` open): the writer thread would wait for it, and the request for
+        // the writer thread. (The writer thread's own turns name no request: a request's
+        // second closure waits for its first, behind it in the inbox.)
+        if inner.queue.is_held_by(request.as_ref()) {
+            failed(WriteStage::Turn);
             return Err((errors.misuse)(
-                "this request holds a write transaction on this database already: a second \
-                 one would wait for itself",
+                "this request holds this database's write turn already (a write transaction \
+                 or a WriteTurn open): the writer thread would wait for it, and the request \
+                 for the writer thread",
             ));
         }
         let deadline = request.as_ref().and_then(|r| r.deadline());
+        let reported = request.clone();
         let (answer, answered) = oneshot::channel::<Result<T, E>>();
-        let misuse = errors.misuse;
-        let job: Job<C> = Box::new(move |writer: &mut Writer<C>| {
-            writer.run(request, deadline, body, errors, answer);
-        });
+        let progress = Arc::new(Progress::default());
         let sent = std::time::Instant::now();
-        let ahead = self.queued.fetch_add(1, Ordering::Relaxed);
-        if self.jobs.send(job).is_err() {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
-            return Err(misuse(GONE));
+        let job: Job<C> = {
+            let sent = Sent {
+                request,
+                deadline,
+                since: sent,
+                queued: inner.queue.queued(),
+                progress: Arc::clone(&progress),
+            };
+            Box::new(move |writer: &mut Writer<C>| writer.run(sent, body, errors, answer))
+        };
+        let alone = inner.inbox.len() == 0;
+        let ticket = match inner.inbox.push(job, deadline).await {
+            Ok(ticket) => ticket,
+            Err(Refused::Full) => {
+                failed(WriteStage::Turn);
+                return Err((errors.timed_out)());
+            }
+            Err(Refused::Closed) => return Err((errors.misuse)(GONE)),
+        };
+        let mut pending = Pending {
+            inbox: &inner.inbox,
+            progress: &progress,
+            database: inner.queue.database(),
+            ticket: Some(ticket),
+        };
+        let answer = hand_off::answer(answered, &inner.pace, sent, alone);
+        let waited = self
+            .wait(answer, &mut pending, deadline, sent, reported.as_deref())
+            .await;
+        // (What the writer thread noted of the closure is said as `pending` drops, here, in
+        // the caller's context.)
+        drop(pending);
+        match waited {
+            Waited::Answer(Some(result)) => result,
+            Waited::Answer(None) => Err((errors.misuse)(GONE)),
+            Waited::TimedOut => {
+                failed(WriteStage::Turn);
+                Err((errors.timed_out)())
+            }
         }
-        match hand_off::answer(answered, &self.pace, sent, ahead == 0).await {
-            Some(result) => result,
-            None => Err(misuse(GONE)),
+    }
+
+    /// The closure's answer; or, if its deadline passes while it is still in the inbox,
+    /// `TimedOut` (taken out: it never runs). Past the deadline a closure the writer thread
+    /// took is waited for: its waits there end by the same deadline, and once it began it
+    /// runs to its end. Meanwhile, a closure that holds the turn past the slow threshold is
+    /// reported. The timers need tokio's: without a runtime, the answer alone is awaited (the
+    /// writer thread still refuses a closure it takes past its deadline).
+    async fn wait<R>(
+        &self,
+        answer: impl Future<Output = Option<R>>,
+        pending: &mut Pending<'_, Job<C>>,
+        deadline: Option<Instant>,
+        sent: std::time::Instant,
+        request: Option<&crate::attempt::RequestState>,
+    ) -> Waited<R> {
+        let mut answer = pin!(answer);
+        let timers = tokio::runtime::Handle::try_current().is_ok();
+        let slow = self.inner.slow;
+        // The earliest the closure can have held the turn `slow`: `slow` after it was sent.
+        let mut check_slow = slow.map(|slow| Instant::from_std(sent) + slow);
+        loop {
+            let deadline_now = deadline.filter(|_| pending.ticket.is_some());
+            let wake = match (deadline_now, check_slow) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let Some(wake) = wake.filter(|_| timers) else {
+                let answer = answer.await;
+                pending.ticket = None;
+                return Waited::Answer(answer);
+            };
+            let mut sleep = pin!(tokio::time::sleep_until(wake));
+            let answered = std::future::poll_fn(|cx| {
+                if let Poll::Ready(answer) = answer.as_mut().poll(cx) {
+                    return Poll::Ready(Some(answer));
+                }
+                sleep.as_mut().poll(cx).map(|()| None)
+            })
+            .await;
+            if let Some(answer) = answered {
+                pending.ticket = None;
+                return Waited::Answer(answer);
+            }
+            let now = Instant::now();
+            if deadline_now.is_some_and(|d| now >= d) && pending.withdraw() {
+                return Waited::TimedOut;
+            }
+            // (Past the deadline and not withdrawn: the writer thread took it; its answer
+            // comes.)
+            if let (Some(at), Some(slow)) = (check_slow, slow)
+                && now >= at
+            {
+                check_slow = match pending.progress.held(sent) {
+                    // Still waiting for the turn (counted waiting, not slow).
+                    None => Some(now + slow),
+                    Some(held) if held >= slow => {
+                        self.inner.queue.counts().report_running(
+                            request.map(crate::attempt::RequestState::route),
+                            held,
+                            slow,
+                        );
+                        None
+                    }
+                    Some(held) => Some(now + (slow - held)),
+                };
+            }
         }
     }
 
     /// The turn's counts now (this file's: every writer on it in this process).
     pub(super) fn stats(&self) -> WriteStats {
-        self.queue.stats()
+        self.inner.queue.stats()
     }
 
     /// The database file this writer writes.
     pub(super) fn path(&self) -> &Path {
-        &self.path
+        &self.inner.path
     }
 
     /// Test seam (`crate::__private::hold_thread_fsync`): while `held`, no fsync starts
     /// (closures commit, and wait for it). `false` if the fsync is not shared.
     pub(super) fn hold_fsync(&self, held: bool) -> bool {
-        let Some(fsync) = &self.fsync else {
+        let Some(fsync) = &self.inner.fsync else {
             return false;
         };
         fsync.lock().held = held;
@@ -347,342 +525,13 @@ impl<C: Owned> Core<C> {
     }
 }
 
-const GONE: &str = "the write transaction ended without an answer: its closure panicked on the \
-     writer thread (rolled back), or the writer thread is gone";
-
-/// The writer thread's side: the connection, and what each closure needs.
-struct Writer<C> {
-    conn: C,
-    /// Closures sent and not yet taken (`Core::queued`): none means a closure that committed
-    /// is alone, with nothing to share an fsync with.
-    queued: Arc<AtomicUsize>,
-    queue: Arc<Queue>,
-    /// For a closure that must wait for a turn held elsewhere in the process.
-    runtime: Option<tokio::runtime::Handle>,
-    /// Group commit's fsync thread, when the fsync is shared.
-    fsync: Option<Arc<Fsync>>,
-    slow: Option<Duration>,
+/// How a caller's wait ended.
+enum Waited<R> {
+    /// The writer thread's answer (`None`: it dropped the closure unanswered).
+    Answer(Option<R>),
+    /// The deadline passed while the closure was in the inbox: it never runs.
+    TimedOut,
 }
 
-impl<C: Owned> Writer<C> {
-    /// Runs the closures in the order they were sent, until every sender is gone. A closure
-    /// that panics fails its own transaction only, as a panicking handler fails its own
-    /// request: unwound here (its turn given back, its transaction rolled back, its caller
-    /// told the writer's error), the connection made clean, and the next closure runs.
-    fn serve(mut self, jobs: mpsc::Receiver<Job<C>>) {
-        let mut next = hand_off::Next::default();
-        let mut took = Duration::ZERO;
-        while let Some(job) = next.take(&jobs, took) {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
-            let began = std::time::Instant::now();
-            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut self)));
-            took = began.elapsed();
-            if ran.is_err() {
-                let recovered = self.conn.recover();
-                tracing::error!(
-                    db.namespace = %self.queue.database(),
-                    recovered,
-                    "a write transaction's closure panicked on the writer thread: its \
-                     transaction was rolled back and its caller failed{}",
-                    if recovered {
-                        ""
-                    } else {
-                        "; the connection could not be made clean, and the writer thread ends"
-                    }
-                );
-                if !recovered {
-                    return;
-                }
-            }
-        }
-    }
-
-    /// The turn, at once when it is free; otherwise waited for (first come, first served)
-    /// until `deadline`. `None`: not reached.
-    fn turn(&self, request: Option<Arc<RequestState>>, deadline: Option<Instant>) -> Option<Turn> {
-        if let Some(turn) = self.queue.try_take(request.clone(), self.slow) {
-            return Some(turn);
-        }
-        let runtime = self.runtime.as_ref()?;
-        runtime.block_on(self.queue.take(request, self.slow, || deadline))
-    }
-
-    /// One closure, from its turn to its answer.
-    fn run<T, E>(
-        &mut self,
-        request: Option<Arc<RequestState>>,
-        deadline: Option<Instant>,
-        body: impl FnOnce(&mut C) -> Ran<T, E>,
-        errors: Errors<E>,
-        answer: oneshot::Sender<Result<T, E>>,
-    ) where
-        T: Send + 'static,
-        E: Send + 'static,
-    {
-        // Nobody waits any more: it never runs.
-        if answer.is_closed() {
-            return;
-        }
-        let past = |d: Instant| Instant::now() >= d;
-        let database = Arc::clone(self.queue.database());
-        let failed = |stage: WriteStage| recorder::write_error(Some(&database), stage);
-        if deadline.is_some_and(past) {
-            failed(WriteStage::Turn);
-            let _ = answer.send(Err((errors.timed_out)()));
-            return;
-        }
-        // Too many committed closures wait for the fsync: none begins until it answers some.
-        if let Some(fsync) = &self.fsync
-            && !fsync.room_before(deadline)
-        {
-            failed(WriteStage::Turn);
-            let _ = answer.send(Err((errors.timed_out)()));
-            return;
-        }
-        let Some(turn) = self.turn(request.clone(), deadline) else {
-            failed(WriteStage::Turn);
-            let _ = answer.send(Err((errors.timed_out)()));
-            return;
-        };
-        // The wait may have been long: a caller gone meanwhile, or a deadline passed, and it
-        // does not begin.
-        if answer.is_closed() {
-            return;
-        }
-        if deadline.is_some_and(past) {
-            drop(turn);
-            failed(WriteStage::Turn);
-            let _ = answer.send(Err((errors.timed_out)()));
-            return;
-        }
-        if let Some(why) = self.queue.refused() {
-            drop(turn);
-            failed(WriteStage::Begin);
-            let refused = GroupCommitFailed::refused(why.to_string());
-            let _ = answer.send(Err((errors.not_durable)(refused)));
-            return;
-        }
-        // NOTE: the turn is held across the whole transaction, and dropped (the next writer
-        // may begin) only once it ended.
-        match body(&mut self.conn) {
-            Ran::Committed(value) => {
-                if let Some(request) = &request {
-                    request.fence();
-                }
-                // The next closure may run: this one's commit is done, its turn over.
-                drop(turn);
-                let not_durable = errors.not_durable;
-                let alone = self.queued.load(Ordering::Relaxed) == 0;
-                match &self.fsync {
-                    Some(fsync) => fsync.committed(
-                        Box::new(move |durable| {
-                            if durable.is_err() {
-                                recorder::write_error(Some(&database), WriteStage::Sync);
-                            }
-                            let _ = answer.send(durable.map(|()| value).map_err(not_durable));
-                        }),
-                        alone,
-                    ),
-                    None => {
-                        let answered = match self.queue.refused() {
-                            Some(why) => {
-                                failed(WriteStage::Sync);
-                                Err(not_durable(GroupCommitFailed::refused(why.to_string())))
-                            }
-                            None => Ok(value),
-                        };
-                        let _ = answer.send(answered);
-                    }
-                }
-            }
-            Ran::Failed { error, stage, disk } => {
-                if disk && let Some(fsync) = &self.fsync {
-                    fsync.stop(
-                        "a COMMIT on the writer connection failed with an I/O error (SQLITE_IOERR)",
-                    );
-                }
-                drop(turn);
-                if let Some(stage) = stage {
-                    failed(stage);
-                }
-                let _ = answer.send(Err(error));
-            }
-            Ran::EndedInside(error) => {
-                if let Some(request) = &request {
-                    request.fence();
-                }
-                drop(turn);
-                failed(WriteStage::Commit);
-                let _ = answer.send(Err(error));
-            }
-        }
-    }
-}
-
-/// Group commit's fsync thread: takes every committed closure waiting, fsyncs the WAL once,
-/// answers them all.
-struct Fsync {
-    state: Mutex<FsyncState>,
-    wake: Condvar,
-    /// The writer thread waits on it while `MAX_UNANSWERED` commits wait for an answer.
-    room: Condvar,
-    wal: Wal,
-    path: PathBuf,
-    queue: Arc<Queue>,
-}
-
-#[derive(Default)]
-struct FsyncState {
-    waiting: Vec<Deliver>,
-    /// Committed closures in the fsync under way, not answered yet.
-    in_flight: usize,
-    /// Why nothing is acknowledged any more (a sync of the WAL failed).
-    stopped: Option<Arc<str>>,
-    /// The writer thread is gone: answer what waits, then end.
-    closing: bool,
-    /// Test seam: no fsync starts while held.
-    held: bool,
-}
-
-impl Fsync {
-    fn lock(&self) -> MutexGuard<'_, FsyncState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// A closure's `COMMIT` returned: its place in the next fsync (which therefore starts
-    /// after it). Told at once once group commit stopped.
-    ///
-    /// `alone`: no other closure waits for the writer thread. Then, if no fsync is under way
-    /// or waiting either, there is nothing to share it with: the writer thread syncs here,
-    /// as SQLite's own `COMMIT` at `FULL` would, without the hand-off to the fsync thread and
-    /// back (the next closure, if one comes meanwhile, waits for this fsync, as it would for
-    /// a `COMMIT` at `FULL`).
-    fn committed(&self, deliver: Deliver, alone: bool) {
-        let mut state = self.lock();
-        if let Some(why) = state.stopped.clone() {
-            drop(state);
-            deliver(Err(GroupCommitFailed::new(why.to_string())));
-            return;
-        }
-        if alone
-            && state.waiting.is_empty()
-            && state.in_flight == 0
-            && !state.held
-            && !state.closing
-        {
-            state.in_flight = 1;
-            drop(state);
-            self.sync_for(std::iter::once(deliver));
-            return;
-        }
-        state.waiting.push(deliver);
-        drop(state);
-        self.wake.notify_one();
-    }
-
-    /// Whether a closure may begin: at once while fewer than `MAX_UNANSWERED` committed
-    /// closures wait for an answer (or nothing will be acknowledged any more: the closure is
-    /// refused after its turn); otherwise once the fsync answered some. `false`: `deadline`
-    /// passed first.
-    fn room_before(&self, deadline: Option<Instant>) -> bool {
-        let mut state = self.lock();
-        while state.waiting.len() + state.in_flight >= MAX_UNANSWERED
-            && state.stopped.is_none()
-            && !state.closing
-        {
-            state = match deadline {
-                None => self.room.wait(state).unwrap_or_else(|e| e.into_inner()),
-                Some(deadline) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return false;
-                    }
-                    self.room
-                        .wait_timeout(state, left)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0
-                }
-            };
-        }
-        true
-    }
-
-    /// A sync of the WAL failed: the file is refused, what waits is told why.
-    fn stop(&self, why: &str) -> Arc<str> {
-        let (first, waiting, stopped) = {
-            let mut state = self.lock();
-            let first = state.stopped.is_none();
-            if first {
-                state.stopped = Some(stop_reason(why));
-            }
-            let stopped = state.stopped.clone().expect("set above");
-            (first, std::mem::take(&mut state.waiting), stopped)
-        };
-        self.queue.refuse(&stopped);
-        self.room.notify_all();
-        for deliver in waiting {
-            deliver(Err(GroupCommitFailed::new(stopped.to_string())));
-        }
-        if first {
-            report_stop(&self.queue, &self.path, why);
-        }
-        stopped
-    }
-
-    fn close(&self) {
-        self.lock().closing = true;
-        self.wake.notify_one();
-    }
-
-    /// The thread: one fsync for whatever committed since the last one began.
-    fn run(&self) {
-        loop {
-            let batch = {
-                let mut state = self.lock();
-                while (state.waiting.is_empty() || state.held) && !state.closing {
-                    state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
-                }
-                if state.waiting.is_empty() {
-                    return;
-                }
-                let batch = std::mem::take(&mut state.waiting);
-                state.in_flight = batch.len();
-                batch
-            };
-            self.sync_for(batch);
-        }
-    }
-
-    /// One fsync of the WAL for `batch` (counted `in_flight`), each told its outcome; then
-    /// room for the writer thread.
-    fn sync_for<I>(&self, batch: I)
-    where
-        I: IntoIterator<Item = Deliver>,
-        I::IntoIter: ExactSizeIterator,
-    {
-        let batch = batch.into_iter();
-        let started = std::time::Instant::now();
-        let synced = self.wal.sync();
-        let took = started.elapsed();
-        let group = report_sync(&self.queue, batch.len(), took, synced.is_ok());
-        let told: Result<(), Arc<str>> = match synced {
-            Err(error) if error.is_the_disks() => {
-                Err(self.stop(&format!("group {group}: {error}")))
-            }
-            Err(error) => Err(Arc::from(format!("group {group}: {error}"))),
-            // A sync of the file's WAL that failed elsewhere meanwhile fails this group too.
-            Ok(()) => match self.queue.refused() {
-                Some(why) => Err(why),
-                None => Ok(()),
-            },
-        };
-        for deliver in batch {
-            deliver(
-                told.clone()
-                    .map_err(|why| GroupCommitFailed::new(why.to_string())),
-            );
-        }
-        self.lock().in_flight = 0;
-        self.room.notify_all();
-    }
-}
+const GONE: &str = "the write transaction ended without an answer: the writer thread is gone \
+     (its connection could not be made clean after a transaction, or it panicked)";

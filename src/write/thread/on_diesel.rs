@@ -2,8 +2,13 @@
 
 use std::path::Path;
 
+use std::any::Any;
+use std::time::Duration;
+
+use diesel::RunQueryDsl;
 use diesel::connection::{
     AnsiTransactionManager, Connection, SimpleConnection, TransactionManager,
+    TransactionManagerStatus,
 };
 use diesel::result::{ConnectionError, DatabaseErrorKind, Error};
 use diesel::sqlite::SqliteConnection;
@@ -20,6 +25,9 @@ const SQLITE_IOERR_MESSAGE: &str = "disk I/O error";
 
 /// SQLite's text for a `COMMIT` with no transaction open: the closure ended it itself.
 const NO_TRANSACTION_MESSAGE: &str = "cannot commit - no transaction is active";
+
+/// SQLite's text for a `BEGIN` on a connection that has a transaction open.
+const NESTED_BEGIN_MESSAGE: &str = "cannot start a transaction within a transaction";
 
 /// The writer thread of one SQLite database file, for Diesel: [`WriteThread`]'s design (see
 /// there) on a `diesel::SqliteConnection`. Each write transaction is a closure given the
@@ -69,7 +77,8 @@ impl DieselWriteThread {
     /// Opens the database file at `path` for writing: a connection in WAL mode, `setup` run on
     /// it (pragmas such as `foreign_keys`; not `journal_mode` or `synchronous`, which are the
     /// writer's), then moved to a thread of its own. A failed setup is
-    /// `ConnectionError::CouldntSetupConfiguration`. Call it within a tokio runtime.
+    /// `ConnectionError::CouldntSetupConfiguration`. No runtime is needed, here or on the writer
+    /// thread.
     pub fn open_with(
         path: impl AsRef<Path>,
         options: WriteThreadOptions,
@@ -93,21 +102,22 @@ impl DieselWriteThread {
             conn.batch_execute("SELECT count(*) FROM sqlite_master")
         };
         configure(&mut conn).map_err(ConnectionError::CouldntSetupConfiguration)?;
-        // In memory there is no file, and no WAL: nothing to share. A file in WAL mode has its
-        // WAL beside it now (a file system without shared memory refuses WAL mode, and then it
-        // has none).
-        let memory = url.is_empty() || url == ":memory:" || url.starts_with("file::memory:");
-        let file = if memory {
-            String::new()
-        } else {
-            url.to_owned()
-        };
+        // The file SQLite opened, as SQLite names it ("" in memory: no file, no WAL, nothing
+        // to share): whatever the URL's spelling (a `file:` URI, a relative path), the turn
+        // and a refusal are the file's, shared with every other writer on it. A file in WAL
+        // mode has its WAL beside it now (a file system without shared memory refuses WAL
+        // mode, and then it has none).
+        let file: String = diesel::select(diesel::dsl::sql::<diesel::sql_types::Text>(
+            "(SELECT file FROM pragma_database_list WHERE name = 'main')",
+        ))
+        .get_result(&mut conn)
+        .map_err(ConnectionError::CouldntSetupConfiguration)?;
         let mut wal = std::ffi::OsString::from(&file);
         wal.push("-wal");
-        let shared = options.shares_fsync(!memory && Path::new(&wal).exists(), &file);
+        let shared = options.shares_fsync(!file.is_empty() && Path::new(&wal).exists(), &file);
         conn.batch_execute(options.synchronous_pragma(shared))
             .map_err(ConnectionError::CouldntSetupConfiguration)?;
-        let core = Core::start(conn, path, &file, shared, options.slow)
+        let core = Core::start(conn, path, &file, shared, &options)
             .map_err(|why| ConnectionError::CouldntSetupConfiguration(database_error(why)))?;
         Ok(Self { core })
     }
@@ -137,9 +147,7 @@ impl DieselWriteThread {
         // What Diesel's `Connection::transaction` does, begun `IMMEDIATE`, with each step's
         // failure told apart.
         let body = move |conn: &mut SqliteConnection| -> Ran<T, E> {
-            if let Err(error) =
-                AnsiTransactionManager::begin_transaction_sql(conn, "BEGIN IMMEDIATE")
-            {
+            if let Err(error) = begin_immediate(conn) {
                 return Ran::Failed {
                     error: E::from(error),
                     stage: Some(WriteStage::Begin),
@@ -149,11 +157,17 @@ impl DieselWriteThread {
             let value = match f(conn) {
                 Ok(value) => value,
                 Err(error) => {
-                    let _ = AnsiTransactionManager::rollback_transaction(conn);
-                    return Ran::Failed {
-                        error,
-                        stage: None,
-                        disk: false,
+                    return match AnsiTransactionManager::rollback_transaction(conn) {
+                        Ok(()) => Ran::Failed {
+                            error,
+                            stage: None,
+                            disk: false,
+                        },
+                        // Nothing to roll back: over already (a raw `COMMIT` or `ROLLBACK`, or
+                        // SQLite's own rollback), and what it wrote may have committed; or
+                        // Diesel's manager broke. (The writer thread makes the connection
+                        // clean next.)
+                        Err(_) => Ran::EndedInside(error),
                     };
                 }
             };
@@ -164,7 +178,8 @@ impl DieselWriteThread {
                         Error::DatabaseError(_, info) => info.message().to_owned(),
                         _ => String::new(),
                     };
-                    if message == NO_TRANSACTION_MESSAGE {
+                    if message == NO_TRANSACTION_MESSAGE || matches!(error, Error::NotInTransaction)
+                    {
                         // The closure ended the transaction itself: what it wrote may have
                         // committed.
                         return Ran::EndedInside(E::from(database_error(
@@ -210,23 +225,62 @@ impl std::fmt::Debug for DieselWriteThread {
     }
 }
 
-impl Owned for SqliteConnection {
-    fn recover(&mut self) -> bool {
-        // Nothing rolled back as the closure unwound (Diesel's transaction manager has no
-        // guard): every level it counts is rolled back here, down to none.
-        for _ in 0..64 {
-            let status = AnsiTransactionManager::transaction_manager_status_mut(self);
-            match status.transaction_depth() {
-                Ok(None) => return true,
-                Ok(Some(_)) => {
-                    if AnsiTransactionManager::rollback_transaction(self).is_err() {
-                        return false;
-                    }
-                }
-                Err(_) => return false,
-            }
+/// `BEGIN IMMEDIATE` through Diesel's transaction manager (so that `conn.transaction(..)` in the
+/// closure nests as a savepoint). If SQLite has a transaction open that Diesel's manager does
+/// not count (a raw `BEGIN` left by an earlier closure), it is rolled back and the `BEGIN`
+/// tried once more.
+fn begin_immediate(conn: &mut SqliteConnection) -> Result<(), Error> {
+    match AnsiTransactionManager::begin_transaction_sql(conn, "BEGIN IMMEDIATE") {
+        Err(Error::DatabaseError(_, info)) if info.message() == NESTED_BEGIN_MESSAGE => {
+            tracing::warn!(
+                "a transaction was open on the writer connection, unknown to Diesel's \
+                 transaction manager (a raw BEGIN left by an earlier closure): rolled back"
+            );
+            reset(conn);
+            AnsiTransactionManager::begin_transaction_sql(conn, "BEGIN IMMEDIATE")
         }
-        false
+        begun => begun,
+    }
+}
+
+/// Rolls back whatever SQLite has open (nothing: SQLite refuses, and that is ignored) and sets
+/// Diesel's transaction manager back to no transaction, whatever it counted or whether it
+/// broke (Diesel 2.2 leaves it broken for good after a `ROLLBACK` that failed, as one does
+/// after SQLite rolled the transaction back itself).
+fn reset(conn: &mut SqliteConnection) {
+    let _ = conn.batch_execute("ROLLBACK");
+    *AnsiTransactionManager::transaction_manager_status_mut(conn) =
+        TransactionManagerStatus::default();
+}
+
+impl Owned for SqliteConnection {
+    fn make_clean(&mut self) -> Result<bool, String> {
+        let status = AnsiTransactionManager::transaction_manager_status_mut(self);
+        if matches!(status.transaction_depth(), Ok(None)) {
+            // (A transaction SQLite has open and Diesel does not count is found by the next
+            // `BEGIN`: `begin_immediate`.)
+            return Ok(false);
+        }
+        reset(self);
+        match AnsiTransactionManager::transaction_manager_status_mut(self).transaction_depth() {
+            Ok(None) => Ok(true),
+            _ => Err("Diesel's transaction manager could not be reset".to_owned()),
+        }
+    }
+
+    fn set_busy_timeout(&mut self, wait: Duration) -> bool {
+        self.batch_execute(&format!("PRAGMA busy_timeout = {}", wait.as_millis()))
+            .is_ok()
+    }
+
+    fn is_busy(error: &dyn Any) -> bool {
+        match error.downcast_ref::<Error>() {
+            Some(Error::DatabaseError(_, info)) => {
+                info.message() == crate::classify::diesel::SQLITE_BUSY_MESSAGE
+            }
+            Some(_) => false,
+            None => crate::classify::is_sqlite_busy(error),
+        }
     }
 }
 

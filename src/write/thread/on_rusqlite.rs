@@ -1,9 +1,11 @@
 //! `WriteThread`: the writer thread for rusqlite.
 
+use std::any::Any;
 use std::os::raw::c_int;
 use std::path::Path;
+use std::time::Duration;
 
-use rusqlite::{Connection, Transaction, TransactionBehavior};
+use rusqlite::{Connection, DropBehavior, Transaction, TransactionBehavior};
 
 use super::super::failed::GroupCommitFailed;
 use super::super::stats::WriteStats;
@@ -122,8 +124,8 @@ impl WriteThread {
     /// it (pragmas such as `foreign_keys`; it must not change `journal_mode` or `synchronous`,
     /// which are the writer's), then moved to a thread of its own, which runs every closure
     /// given to [`transaction`](Self::transaction). Reads go through the application's own
-    /// connections, as before. Call it within a tokio runtime: a closure that must wait for a
-    /// turn held elsewhere in the process (an sqlx `WritePool` on the same file) waits on it.
+    /// connections, as before. No runtime is needed, here or on the writer thread (a closure
+    /// that waits there for a turn held elsewhere in the process waits on the thread itself).
     pub fn open_with(
         path: impl AsRef<Path>,
         options: WriteThreadOptions,
@@ -145,7 +147,7 @@ impl WriteThread {
         let mode: String = conn.query_row("PRAGMA journal_mode", no_params, |row| row.get(0))?;
         let shared = options.shares_fsync(mode.eq_ignore_ascii_case("wal"), &file);
         conn.execute_batch(options.synchronous_pragma(shared))?;
-        let core = Core::start(conn, path, &file, shared, options.slow)
+        let core = Core::start(conn, path, &file, shared, &options)
             .map_err(|why| failure(libsqlite3_sys::SQLITE_IOERR, why))?;
         Ok(Self { core })
     }
@@ -184,9 +186,19 @@ impl WriteThread {
                     };
                 }
             };
-            let value = match f(&mut tx) {
+            let done = f(&mut tx);
+            // NOTE: whatever drop behaviour the closure set on the transaction, it is the write
+            // path's to end: rolled back when dropped (never committed by a drop, never left
+            // open), committed only below.
+            tx.set_drop_behavior(DropBehavior::Rollback);
+            // Over already (a raw `COMMIT` or `ROLLBACK`, or SQLite's own rollback after
+            // `SQLITE_FULL`, an I/O error, a trigger's `RAISE(ROLLBACK)`): what it wrote may
+            // have committed.
+            let ended = tx.is_autocommit();
+            let value = match done {
                 Ok(value) => value,
-                // `Transaction`'s drop rolls back (whatever `f` left open).
+                Err(error) if ended => return Ran::EndedInside(error),
+                // Dropped: rolled back.
                 Err(error) => {
                     return Ran::Failed {
                         error,
@@ -195,7 +207,7 @@ impl WriteThread {
                     };
                 }
             };
-            if tx.is_autocommit() {
+            if ended {
                 return Ran::EndedInside(E::from(failure(
                     libsqlite3_sys::SQLITE_MISUSE,
                     "the transaction was ended inside the closure (a raw COMMIT or ROLLBACK): \
@@ -247,10 +259,29 @@ impl std::fmt::Debug for WriteThread {
 }
 
 impl Owned for Connection {
-    fn recover(&mut self) -> bool {
-        // The closure's `Transaction` rolled back as it unwound; whatever is left (a raw
-        // `BEGIN` of its own) is rolled back here.
-        self.is_autocommit() || (self.execute_batch("ROLLBACK").is_ok() && self.is_autocommit())
+    fn make_clean(&mut self) -> Result<bool, String> {
+        // SQLite's own count is the only one: rusqlite keeps none beside it (its
+        // `Transaction` is a borrow, gone with the closure).
+        if self.is_autocommit() {
+            return Ok(false);
+        }
+        match self.execute_batch("ROLLBACK") {
+            Ok(()) if self.is_autocommit() => Ok(true),
+            Ok(()) => Err("a transaction is still open after ROLLBACK".to_owned()),
+            Err(error) => Err(format!("ROLLBACK failed: {error}")),
+        }
+    }
+
+    fn set_busy_timeout(&mut self, wait: Duration) -> bool {
+        self.busy_timeout(wait).is_ok()
+    }
+
+    fn is_busy(error: &dyn Any) -> bool {
+        let code = match error.downcast_ref::<rusqlite::Error>() {
+            Some(rusqlite::Error::SqliteFailure(error, _)) => error.extended_code,
+            _ => return crate::classify::is_sqlite_busy(error),
+        };
+        code & 0xff == libsqlite3_sys::SQLITE_BUSY
     }
 }
 
