@@ -43,6 +43,7 @@ fn buffered_bodies_cost_what_is_counted() {
     // One test: nothing else allocates while a region is measured.
     rt.block_on(one_byte_frames_cost_their_payload_not_a_handle_each());
     rt.block_on(a_small_body_does_not_pin_its_read_buffer());
+    rt.block_on(abandoned_writes_free_what_they_captured());
 }
 
 async fn one_byte_frames_cost_their_payload_not_a_handle_each() {
@@ -152,4 +153,68 @@ async fn a_small_body_does_not_pin_its_read_buffer() {
     let text = res.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(text, SMALL.to_string());
     assert_eq!(metrics.snapshot().buffered_bytes, 0);
+}
+
+/// The writer thread's inbox holds what its callers' closures captured only while they wait:
+/// while the writer thread waits for another connection's lock, 10,000 callers each send a
+/// closure holding 1 MiB and leave (their future dropped once the closure is in line). What
+/// the heap holds stays flat (a few MiB at most), not 10,000 MiB, nor the inbox's 512 MiB.
+async fn abandoned_writes_free_what_they_captured() {
+    use tower_sqlite_retry::write::{WriteThread, WriteThreadOptions};
+    const CALLERS: usize = 10_000;
+    const CAPTURED: usize = 1024 * 1024;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("abandoned.db");
+    let writes = WriteThread::open_with(
+        &path,
+        WriteThreadOptions::default().busy_timeout(std::time::Duration::from_secs(600)),
+        |conn| conn.execute_batch("CREATE TABLE items (id INTEGER PRIMARY KEY, data BLOB)"),
+    )
+    .unwrap();
+    // Another connection holds the write lock; the writer thread waits for it, for a closure
+    // with no deadline.
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let first = {
+        let writes = writes.clone();
+        tokio::spawn(async move {
+            writes
+                .transaction(|tx| tx.execute("INSERT INTO items (data) VALUES (NULL)", []))
+                .await
+        })
+    };
+    while !writes.stats().held {
+        tokio::task::yield_now().await;
+    }
+    let region = Region::new(GLOBAL);
+    let mut most = 0;
+    for _ in 0..CALLERS {
+        // (Zeroed: the allocator counts it, the system need not back it.)
+        let captured = vec![0u8; CAPTURED];
+        let mut write = Box::pin(writes.transaction(move |tx| {
+            tx.execute("INSERT INTO items (data) VALUES (?1)", [&captured])
+        }));
+        // Polled once: the closure is in line, its caller waiting for the answer.
+        assert!(futures::poll!(write.as_mut()).is_pending());
+        drop(write);
+        most = most.max(held(&region));
+    }
+    let stats = writes.stats();
+    eprintln!(
+        "{CALLERS} callers left, each closure holding {CAPTURED} B: the heap held {most} B at \
+         most; waiting now: {}",
+        stats.waiting
+    );
+    assert!(
+        most < 16 * CAPTURED as i64,
+        "abandoned closures kept what they captured: {most} B held"
+    );
+    assert_eq!(stats.waiting, 0, "none left counted waiting");
+    other.execute_batch("COMMIT").unwrap();
+    first.await.unwrap().unwrap();
+    let rows: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("SELECT count(*) FROM items", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(rows, 1, "no abandoned closure ran");
 }

@@ -103,6 +103,8 @@ mod block;
 mod fsync;
 mod hand_off;
 mod inbox;
+#[cfg(test)]
+mod inbox_tests;
 #[cfg(feature = "diesel-write")]
 pub(crate) mod on_diesel;
 #[cfg(feature = "rusqlite-write")]
@@ -114,6 +116,13 @@ use fsync::Fsync;
 use inbox::{Inbox, Refused, Ticket};
 use progress::Progress;
 use writer::{Sent, Writer};
+
+/// What the inbox shares between the callers and the writer thread (the model check,
+/// `tests/write_thread_model.rs`, swaps in shuttle's).
+mod sync {
+    pub(super) use std::sync::atomic::{AtomicUsize, Ordering};
+    pub(super) use std::sync::{Condvar, Mutex, MutexGuard};
+}
 
 /// A closure on its way to the writer thread, typed away.
 type Job<C> = Box<dyn FnOnce(&mut Writer<C>) + Send>;
