@@ -171,6 +171,27 @@ impl DieselWriteThread {
                     };
                 }
             };
+            // A level the closure began and left open (a savepoint of Diesel's manager): its
+            // `COMMIT` would only release that savepoint, leaving the transaction open. Rolled
+            // back, all of it, and told (as `WriteTransaction::commit` refuses a savepoint
+            // left open), never reported committed.
+            let depth = AnsiTransactionManager::transaction_manager_status_mut(conn)
+                .transaction_depth()
+                .ok()
+                .flatten()
+                .map(|depth| depth.get());
+            if depth.is_some_and(|depth| depth > 1) {
+                reset(conn);
+                return Ran::Failed {
+                    error: E::from(database_error(
+                        "a savepoint begun in the closure was left open: the whole transaction \
+                         was rolled back"
+                            .to_owned(),
+                    )),
+                    stage: Some(WriteStage::Commit),
+                    disk: false,
+                };
+            }
             match AnsiTransactionManager::commit_transaction(conn) {
                 Ok(()) => Ran::Committed(value),
                 Err(error) => {

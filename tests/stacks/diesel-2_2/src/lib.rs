@@ -1,0 +1,2 @@
+//! Nothing: this package is its test, `tests/writer_contract.rs` (the writer thread's contract
+//! on Diesel 2.2).
