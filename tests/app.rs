@@ -929,3 +929,69 @@ async fn metrics_scrape_shows_the_write_paths_utilization() {
     assert_eq!(scraped(&text, gauge), Some(0.0), "{text}");
     db.close().await;
 }
+
+/// `layer-thread` behind another connection's write lock: the writes queued for the writer
+/// thread are shown waiting, in `/stats` (the turn's `waiting`) and in `/metrics` (the
+/// `write_waiting` gauge), while they wait; all commit once the lock is gone. (The recorder is
+/// this thread's: the runtime is the current-thread one, where the handlers count their
+/// closures in.)
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn layer_thread_shows_its_queued_writes_in_stats_and_metrics() {
+    let handle = prometheus::builder()
+        .install_recorder()
+        .expect("the only global recorder of this binary");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("queued.db");
+    let config = Config::LayerThread;
+    let db = config
+        .open(&path, 4, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let (app, _) = config.router(db.clone());
+    let app = prometheus::route(app, handle, String::new);
+    let get = |uri: &'static str| {
+        let app = app.clone();
+        async move {
+            let res = app
+                .oneshot(Request::get(uri).body(Body::empty()).unwrap())
+                .await
+                .unwrap();
+            String::from_utf8(
+                axum::body::to_bytes(res.into_body(), usize::MAX)
+                    .await
+                    .unwrap()
+                    .to_vec(),
+            )
+            .unwrap()
+        }
+    };
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let writes: Vec<_> = (0..3)
+        .map(|n| {
+            let app = app.clone();
+            tokio::spawn(app.oneshot(post_items(&format!(r#"{{"name": "q{n}"}}"#))))
+        })
+        .collect();
+    // The first waits for the lock holding the turn; the other two wait for the writer thread.
+    let start = std::time::Instant::now();
+    loop {
+        let stats: serde_json::Value = serde_json::from_str(&get("/stats").await).unwrap();
+        if stats["write_turn"]["waiting"] == 2 {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "{stats}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let text = get("/metrics").await;
+    let gauge = r#"tower_sqlite_retry_write_waiting{database="queued.db"}"#;
+    assert_eq!(scraped(&text, gauge), Some(2.0), "{text}");
+    other.execute_batch("COMMIT").unwrap();
+    for write in writes {
+        assert_eq!(write.await.unwrap().unwrap().status(), StatusCode::CREATED);
+    }
+    assert_eq!(db.all_items().await.unwrap().len(), 3);
+    let text = get("/metrics").await;
+    assert_eq!(scraped(&text, gauge), Some(0.0), "{text}");
+}

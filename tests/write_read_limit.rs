@@ -503,3 +503,56 @@ async fn a_storm_of_reads_and_writes_under_the_smallest_limit_loses_nothing() {
         "every acknowledged write, once, and nothing else"
     );
 }
+
+/// The writer thread's closures count as writers waiting from the moment they are sent: while
+/// one waits in the writer thread's inbox (behind a closure waiting for another connection's
+/// lock), reads are held back to the limit, as behind a `WritePool`'s waiting writer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closures_queued_for_the_writer_thread_hold_reads_back() {
+    use tower_sqlite_retry::write::{WriteThread, WriteThreadOptions};
+    let case = Case::new(limit(1, HOUR)).await;
+    let (app, client) = (&case.app, &case.client);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("thread.db");
+    let writes = WriteThread::open_with(
+        &path,
+        WriteThreadOptions::default().busy_timeout(HOUR),
+        |conn| conn.execute_batch("CREATE TABLE t (x INTEGER)"),
+    )
+    .unwrap();
+    // Another connection holds the thread's file's write lock: its first closure waits for it
+    // in `BEGIN IMMEDIATE` (holding the turn), the second waits in the inbox.
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let closures: Vec<_> = (0..2)
+        .map(|_| {
+            let writes = writes.clone();
+            tokio::spawn(async move {
+                writes
+                    .transaction(|tx| tx.execute("INSERT INTO t VALUES (1)", []))
+                    .await
+            })
+        })
+        .collect();
+    poll_until("a closure waits for the writer thread", async || {
+        writes.stats().waiting == 1
+    })
+    .await;
+
+    let reads: Vec<_> = (0..2).map(|_| spawn_get(client, "/read")).collect();
+    poll_until("one read in, the other held back", async || {
+        app.entered() == 1 && held_back() == 1
+    })
+    .await;
+    // The held read gets in once the first answers (its `max_wait` is an hour).
+    app.release.add_permits(1);
+    poll_until("the held read in", async || app.entered() == 2).await;
+    app.release.add_permits(1);
+    other.execute_batch("COMMIT").unwrap();
+    for closure in closures {
+        closure.await.unwrap().unwrap();
+    }
+    for read in reads {
+        assert_eq!(read.await.unwrap().status, StatusCode::OK);
+    }
+}
