@@ -33,6 +33,11 @@ pub const BACKOFF: &str = "tower_sqlite_retry_backoff_seconds";
 #[cfg(feature = "metrics")]
 pub const QUEUE_WAIT: &str = "tower_sqlite_retry_queue_wait_seconds";
 
+/// Gauge: an operation's admission limit (tries it lets run at once) now; 0 while it has
+/// none. Label `operation`.
+#[cfg(feature = "metrics")]
+pub const ADMISSION_LIMIT: &str = "tower_sqlite_retry_admission_limit";
+
 /// Gauge: request-body bytes held for replay now, every layer together. No labels.
 #[cfg(feature = "metrics")]
 pub const BUFFERED_BYTES: &str = "tower_sqlite_retry_buffered_bytes";
@@ -98,7 +103,7 @@ mod emit {
     use metrics::{Label, Unit};
 
     use super::{
-        ATTEMPTS, BACKOFF, BUFFERED_BYTES, QUEUE_WAIT, REPLAYS, REQUESTS, WRITE_ERRORS,
+        ADMISSION_LIMIT, ATTEMPTS, BACKOFF, BUFFERED_BYTES, QUEUE_WAIT, REPLAYS, REQUESTS, WRITE_ERRORS,
         WRITE_GROUP_HELD, WRITE_GROUP_MEMBERS, WRITE_HELD, WRITE_SYNC_ERRORS, WRITE_WAIT,
         WRITE_WAITING, WriteStage,
     };
@@ -143,6 +148,12 @@ mod emit {
                 Unit::Seconds,
                 "Time an attempt waited for a writer-admission slot and the replay gate, one sample \
                  per queued attempt (waits ended by the deadline or a cancel included)."
+            );
+            metrics::describe_gauge!(
+                ADMISSION_LIMIT,
+                Unit::Count,
+                "An operation's admission limit: tries it lets run at once (0: none, it has not \
+                 met contention or its limit went away after a quiet time)."
             );
             metrics::describe_gauge!(
                 BUFFERED_BYTES,
@@ -278,6 +289,12 @@ mod emit {
     pub(crate) fn operation_queue_wait(operation: &str, waited: Duration) {
         let labels = vec![Label::new(OPERATION, operation.to_owned())];
         metrics::histogram!(QUEUE_WAIT, labels).record(waited);
+    }
+
+    /// An operation's admission limit moved (0: it has none).
+    pub(crate) fn operation_admission_limit(operation: &str, limit: u32) {
+        let labels = vec![Label::new(OPERATION, operation.to_owned())];
+        metrics::gauge!(ADMISSION_LIMIT, labels).set(f64::from(limit));
     }
 
     /// A retry of an operation outside HTTP.
@@ -434,6 +451,15 @@ pub(crate) fn operation_retry(operation: &str, error_type: &str) {
     emit::operation_retry(operation, error_type);
     #[cfg(not(feature = "metrics"))]
     let _ = (operation, error_type);
+}
+
+/// An operation's admission limit is now `limit` (0: none).
+#[inline]
+pub(crate) fn operation_admission_limit(operation: &str, limit: u32) {
+    #[cfg(feature = "metrics")]
+    emit::operation_admission_limit(operation, limit);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (operation, limit);
 }
 
 /// The time an attempt waited for admission and the replay gate, once per queued attempt.
