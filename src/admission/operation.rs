@@ -1,10 +1,12 @@
 //! An operation's admission limit (outside HTTP): none until the operation meets a retryable
 //! error, one [`RouteLimit`] from then on, and none again after a quiet time.
 //!
-//! A route's limit lives as long as its layer; an operation's goes away once no admitted try
-//! has collided for the quiet time and nobody waits in its queue: the operation's tries then run
-//! at once again, as before its first error, and the next retryable error starts a fresh limit
-//! at one. A retryable error of any kind counts as a collision (a pool time-out included):
+//! A route's limit lives as long as its layer; an operation's goes away once no try has
+//! collided for the quiet time: the operation's tries then run at once again, as before its
+//! first error (the tries still queued for it are let go at once), and the next retryable
+//! error starts a fresh limit at one. This is also how a limit that probes ever more rarely
+//! (the AIMD's probes back off to 256 clean windows apart, as a route's) recovers: by time,
+//! not by thousands of clean tries. A retryable error of any kind counts as a collision (a pool time-out included):
 //! without this, one time-out made the operation queue its tries for the life of the process.
 //!
 //! The times are given by the caller as durations since the operation was made (plain data:
@@ -12,7 +14,7 @@
 
 use std::time::Duration;
 
-use super::queue::{OPERATION_PROBE_MAX, RouteLimit};
+use super::queue::{MAX_LIMIT, RouteLimit};
 use super::sync::atomic::{AtomicBool, Ordering};
 use super::sync::{Arc, Mutex};
 
@@ -57,7 +59,7 @@ impl OperationLimit {
     }
 
     /// The limit tries queue for now, if any; `now` is asked only when there is one. A limit
-    /// whose last collision is `quiet` or more ago, with nobody queued, goes away here.
+    /// whose last collision is `quiet` or more ago goes away here, its queued tries let go.
     pub(crate) fn get(&self, now: impl FnOnce() -> Duration, quiet: Duration) -> Lookup {
         if !self.is_on() {
             return Lookup {
@@ -73,7 +75,8 @@ impl OperationLimit {
                 decayed: false,
             };
         };
-        if now.saturating_sub(current.last_collision) >= quiet && limit.waiting() == 0 {
+        if now.saturating_sub(current.last_collision) >= quiet {
+            limit.set_limit(MAX_LIMIT);
             current.limit = None;
             self.on.store(false, Ordering::Release);
             return Lookup {
@@ -95,7 +98,7 @@ impl OperationLimit {
         if let Some(limit) = &current.limit {
             return (Arc::clone(limit), false);
         }
-        let limit = Arc::new(RouteLimit::with_probe_max(OPERATION_PROBE_MAX));
+        let limit = Arc::new(RouteLimit::new());
         current.limit = Some(Arc::clone(&limit));
         self.on.store(true, Ordering::Release);
         (limit, true)

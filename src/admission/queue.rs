@@ -35,12 +35,8 @@ pub(crate) const WINDOW_MIN: u32 = 16;
 /// Lower the limit when more than this share of a window's attempts collide.
 const LOWER_ABOVE: f64 = 0.05;
 /// The most clean windows between two probes of a higher limit (the wait doubles after each
-/// probe that collides, from one window): a route's.
-pub(crate) const PROBE_MAX: u32 = 256;
-/// The same for an operation outside HTTP: at most 16 clean windows (256 tries at a limit of
-/// one) between two probes, so that a limit lowered by a burst climbs back in hundreds of
-/// tries, not thousands.
-pub(crate) const OPERATION_PROBE_MAX: u32 = 16;
+/// probe that collides, from one window).
+const PROBE_MAX: u32 = 256;
 
 /// One route's learned limit and its queue.
 pub(crate) struct RouteLimit {
@@ -97,8 +93,6 @@ struct Aimd {
     clean: u32,
     /// Clean windows to wait before the next probe.
     probe_every: u32,
-    /// The most that wait grows to.
-    probe_max: u32,
     /// The last change was a probe (a raise) not yet confirmed by a clean window.
     probing: bool,
 }
@@ -118,7 +112,7 @@ impl Aimd {
         self.collisions = 0;
         if share > LOWER_ABOVE {
             if self.probing {
-                self.probe_every = (self.probe_every.saturating_mul(2)).min(self.probe_max);
+                self.probe_every = (self.probe_every * 2).min(PROBE_MAX);
                 self.probing = false;
             }
             self.clean = 0;
@@ -213,14 +207,8 @@ fn wake_all(wakes: Wakes) {
 }
 
 impl RouteLimit {
-    /// A new limit: one attempt in flight (a route's: probes up to [`PROBE_MAX`] windows
-    /// apart).
+    /// A new limit: one attempt in flight.
     pub(crate) fn new() -> Self {
-        Self::with_probe_max(PROBE_MAX)
-    }
-
-    /// A new limit whose probes are at most `probe_max` clean windows apart.
-    pub(crate) fn with_probe_max(probe_max: u32) -> Self {
         Self {
             state: Mutex::new(State {
                 limit: 1,
@@ -235,7 +223,6 @@ impl RouteLimit {
                     collisions: 0,
                     clean: 0,
                     probe_every: 1,
-                    probe_max: probe_max.max(1),
                     probing: false,
                 },
             }),
@@ -386,8 +373,8 @@ impl RouteLimit {
         moved
     }
 
-    /// Sets the limit directly (clamped to `1..=MAX_LIMIT`), as the learning does.
-    #[cfg(test)]
+    /// Sets the limit directly (clamped to `1..=MAX_LIMIT`), as the learning does; an
+    /// operation's limit that goes away is opened so (its queued tries go at once).
     pub(crate) fn set_limit(&self, limit: u32) {
         let mut wakes = Wakes::new();
         self.lock().set_limit(limit, &mut wakes);

@@ -34,17 +34,83 @@ pub const MAX_ADMISSION_WAIT: Duration = Duration::from_secs(30);
 #[must_use = "the slot goes back when this is dropped: keep it for the try and its backoff"]
 pub struct Slot {
     admitted: Option<(Admitted, Arc<RouteLimit>)>,
+    /// The streak's place: where the slot waits for the streak's next try when this value is
+    /// dropped between a retry's decision and that try.
+    place: Option<Arc<Place>>,
+}
+
+/// A streak's place in its operation's admission: the slot of a try that failed retryably,
+/// dropped before the retry's `admit()`, kept for that retry (a retry never goes to the back
+/// of the queue, as the layer's replays keep their slot). Given back by the streak's end: a
+/// success's `reset()`, a `None`, a deadline, the backoff's drop.
+#[derive(Default)]
+pub(super) struct Place {
+    /// Set while the backoff has said "retry after a delay" and the retry has not begun.
+    retrying: std::sync::atomic::AtomicBool,
+    kept: std::sync::Mutex<Option<(Admitted, Arc<RouteLimit>)>>,
+}
+
+impl Place {
+    fn kept(&self) -> std::sync::MutexGuard<'_, Option<(Admitted, Arc<RouteLimit>)>> {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The backoff said retry: a slot dropped from now on waits for the retry.
+    pub(super) fn retrying(&self) {
+        self.retrying
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The retry takes its kept slot, if any (and no slot is kept from now on until the next
+    /// retry's decision).
+    pub(super) fn take(&self) -> Option<(Admitted, Arc<RouteLimit>)> {
+        self.retrying
+            .store(false, std::sync::atomic::Ordering::Release);
+        self.kept().take()
+    }
+
+    /// The streak ended: a kept slot goes back.
+    pub(super) fn give_back(&self) {
+        drop(self.take());
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let (Some(place), Some(admitted)) = (&self.place, self.admitted.take())
+            && place.retrying.load(std::sync::atomic::Ordering::Acquire)
+        {
+            let mut kept = place.kept();
+            // checked again under the lock: the streak may have ended meanwhile
+            if place.retrying.load(std::sync::atomic::Ordering::Acquire) {
+                *kept = Some(admitted);
+                return;
+            }
+            drop(kept);
+            drop(admitted);
+        }
+    }
 }
 
 impl Slot {
     pub(super) fn none() -> Self {
-        Self { admitted: None }
+        Self {
+            admitted: None,
+            place: None,
+        }
     }
 
     pub(super) fn held(admitted: Admitted, limit: Arc<RouteLimit>) -> Self {
         Self {
             admitted: Some((admitted, limit)),
+            place: None,
         }
+    }
+
+    /// A loop's slot, kept for its streak's retry when dropped before it.
+    pub(super) fn in_place(mut self, place: &Arc<Place>) -> Self {
+        self.place = Some(Arc::clone(place));
+        self
     }
 
     /// Whether this value holds a slot (it holds none while the operation has no limit, and

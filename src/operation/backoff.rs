@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use std::sync::Arc;
 
 use super::admit::{
-    AdmitError, MAX_ADMISSION_WAIT, Slot, block_on_for, new_chain, owner, task_or_thread,
+    AdmitError, MAX_ADMISSION_WAIT, Place, Slot, block_on_for, new_chain, owner, task_or_thread,
 };
 use super::{Operation, report};
 use crate::admission::{Entry, RouteLimit};
@@ -47,22 +47,34 @@ use crate::metrics::Outcome;
 /// #   let _ = db; Ok(None)
 /// }
 ///
-/// async fn dispatcher(db: sqlx::SqlitePool) {
-///     let policy = RetryPolicy::default().max_delay(Duration::from_millis(500));
-///     let mut backoff = Operation::new("claim", policy).backoff();
+/// async fn dispatcher(db: sqlx::SqlitePool, op: Operation) -> Result<(), Box<dyn std::error::Error>> {
+///     let mut backoff = op.backoff();
 ///     # for _ in 0..3 {
+///     // once claims collided, they take turns: the slot is held until `slot` is dropped
+///     let slot = backoff.admit().await?;
 ///     match claim(&db).await {
-///         Ok(_item) => backoff.reset(), // ... process it ...
+///         Ok(_item) => {
+///             backoff.reset();
+///             drop(slot); // ... then process it, without the slot
+///         }
 ///         Err(e) => match backoff.next_delay(&e) {
 ///             Some(delay) => tokio::time::sleep(delay).await,
-///             // not retryable, or the streak is over: logged once (WARN); keep polling
-///             None => tokio::time::sleep(backoff.cap()).await,
+///             // not retryable (a WARN, counted `non_retryable`), or the streak is over:
+///             // keep polling at the cap (or return `e`)
+///             None => {
+///                 drop(slot);
+///                 tokio::time::sleep(backoff.cap()).await;
+///             }
 ///         },
 ///     }
 ///     # }
+///     # Ok(())
 /// }
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// #     dispatcher(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap()).await
+/// #     let policy = RetryPolicy::default().max_delay(Duration::from_millis(500));
+/// #     // built once, cloned into each worker
+/// #     let op = Operation::new("claim", policy);
+/// #     dispatcher(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap(), op.clone()).await.unwrap()
 /// # });
 /// ```
 ///
@@ -94,6 +106,9 @@ pub struct Backoff<C = crate::classify::RetryErrorChain> {
     /// by the try's end): where the try's collision, or its absence, is counted. Not the slot:
     /// the caller's [`Slot`] (or `run`'s scope) holds that.
     pub(super) slotted: Option<Arc<RouteLimit>>,
+    /// A loop's place in the queue between a retry's decision and the retry (made at its
+    /// first slot).
+    place: Option<Arc<Place>>,
 }
 
 impl<C> Backoff<C> {
@@ -110,6 +125,7 @@ impl<C> Backoff<C> {
             in_loop,
             rng: None,
             slotted: None,
+            place: None,
         }
     }
 
@@ -221,10 +237,18 @@ impl<C> Backoff<C> {
             // now, behind the queue).
             self.clear();
         }
+        let retry = self.armed && self.attempt > 1;
+        if retry
+            && let Some(place) = &self.place
+            && let Some((admitted, limit)) = place.take()
+        {
+            // the slot this streak's last try dropped: the retry keeps its place
+            self.slotted = Some(Arc::clone(&limit));
+            return Ok(Slot::held(admitted, limit).in_place(place));
+        }
         let Some(limit) = self.operation.limit() else {
             return Ok(Slot::none());
         };
-        let retry = self.armed && self.attempt > 1;
         let owner = owner();
         // a call's new chain also runs within its task's (or thread's): a loop's slot there
         // covers it
@@ -233,7 +257,7 @@ impl<C> Backoff<C> {
             Entry::Nested => Ok(Slot::none()),
             Entry::Admitted(admitted) => {
                 self.slotted = Some(Arc::clone(&limit));
-                Ok(Slot::held(admitted, limit))
+                Ok(self.placed(Slot::held(admitted, limit)))
             }
             Entry::Queued(acquire) => {
                 let now = Instant::now();
@@ -262,7 +286,7 @@ impl<C> Backoff<C> {
         match got {
             Some(admitted) => {
                 self.slotted = Some(Arc::clone(&limit));
-                Ok(Slot::held(admitted, limit))
+                Ok(self.placed(Slot::held(admitted, limit)))
             }
             None => {
                 self.timed_out();
@@ -272,6 +296,15 @@ impl<C> Backoff<C> {
                 })
             }
         }
+    }
+
+    /// A loop's slot, linked to the streak's place (a call's scope holds its own).
+    fn placed(&mut self, slot: Slot) -> Slot {
+        if !self.in_loop {
+            return slot;
+        }
+        let place = self.place.get_or_insert_with(Arc::default);
+        slot.in_place(place)
     }
 
     /// No slot within the deadline: the try does not run, and the streak (a first try's:
@@ -411,6 +444,10 @@ impl<C> Backoff<C> {
                         now.saturating_duration_since(started),
                         self.reason.as_ref(),
                     );
+                    if let Some(place) = &self.place {
+                        // the try's slot, dropped before the retry, waits for it
+                        place.retrying();
+                    }
                     return Some(delay);
                 }
                 Outcome::BudgetExhausted
@@ -441,6 +478,9 @@ impl<C> Backoff<C> {
         self.ended = Some(outcome);
         self.armed = false;
         self.slotted = None;
+        if let Some(place) = &self.place {
+            place.give_back();
+        }
         self.operation.finished(report::End {
             outcome,
             attempts: self.attempt,
@@ -493,6 +533,9 @@ impl<C> Backoff<C> {
         self.ended = None;
         self.armed = false;
         self.slotted = None;
+        if let Some(place) = &self.place {
+            place.give_back();
+        }
     }
 
     /// The number of the try that runs next (or now): 1 after a reset, 2 after one retry, ...
@@ -536,6 +579,9 @@ impl<C> Backoff<C> {
 
 impl<C> Drop for Backoff<C> {
     fn drop(&mut self) {
+        if let Some(place) = &self.place {
+            place.give_back();
+        }
         if self.armed && self.ended.is_none() {
             let elapsed = self.elapsed();
             self.end(Outcome::Cancelled, elapsed);

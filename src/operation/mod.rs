@@ -31,14 +31,27 @@
 //! As the layer's writer admission does for a route, an operation that meets a retryable error
 //! gets a learned limit on its tries in flight (with the policy's
 //! [`Admission::Adaptive`](crate::policy::Admission), the default): from then on its tries
-//! queue for a slot, first come first served, each keeping its slot through its backoff until
-//! it succeeds or stops, and the limit follows AIMD on how many of them collide. Workers that
-//! all claim the oldest row of one queue stop colliding with each other. [`Operation::run`]
-//! takes a slot before each try; a loop calls [`Backoff::admit`] before each of its own (a
-//! no-op until the operation met contention, and while the streak holds its slot).
-//! `Admission::Off` turns it off. The policy's replay gate is the layer's alone (an
-//! operation queues its tries instead), and a tower service under [`Operation::layer`] has
-//! neither: tower's `Retry` owns that loop.
+//! queue for a slot, first come first served (a streak's retry ahead of every first try), and
+//! the limit follows AIMD on how many of them collide. Workers that all claim the oldest row
+//! of one queue stop colliding with each other. After a quiet time with no collision (the
+//! policy's deadline, within 1 to 60 s) the limit goes away, and the operation's tries run at
+//! once again until the next retryable error. [`RetryMetrics::admission_limits`] lists it;
+//! the `metrics` feature's gauge `tower_sqlite_retry_admission_limit` follows it.
+//!
+//! A slot is held by a value the caller sees: [`Operation::run`]'s own scope (the call holds
+//! one from its first try to its return), or the [`Slot`] that [`Backoff::admit`] returns to
+//! a loop (held through the try and its backoff, dropped before the work that follows).
+//! A try of a call chain that holds a slot of the operation (a `run` inside another `run`'s
+//! closure, a second backoff driven by the task that holds a slot) runs under that slot:
+//! no try ever waits for a slot its own call chain holds. Every wait is bounded by the
+//! deadline ([`MAX_ADMISSION_WAIT`] without one), and a try whose wait reached it does not
+//! run. `Admission::Off` turns admission off. The policy's replay gate is the layer's alone,
+//! and a tower service under [`Operation::layer`] has neither: tower's `Retry` owns that
+//! loop.
+//!
+//! `admit()` needs tokio (its timer bounds the wait) and refuses at once outside it;
+//! [`Backoff::admit_blocking`] and [`Operation::run_blocking`] serve threads (rusqlite,
+//! Diesel) with no runtime.
 //!
 //! # What giving up means
 //!
@@ -46,7 +59,10 @@
 //! call, as they bound a request. For a loop they bound one **streak** of consecutive errors
 //! (from its first error to the [`Backoff::reset`] after the next success): past them the
 //! backoff says `None` once, logs a WARN, and the loop decides (a poller usually keeps polling
-//! at the cap, [`Backoff::cap`]).
+//! at the cap, [`Backoff::cap`]). An error that is not retryable also says `None`, at once: it
+//! is counted `non_retryable` (never `first_try`, a success's counter) and a loop's is logged
+//! at WARN (`not retried`, with its type), at most once per [`NOT_RETRIED_WARN_EVERY`] per
+//! operation: a permanent error never goes unseen, nor is it retried as contention.
 //!
 //! # Observability
 //!
@@ -58,9 +74,11 @@
 //!   `retry.attempt` (the try about to run), `retry.delay_ms`, `retry.elapsed_ms`,
 //!   `db.response.status_code`, `error.type`;
 //! - `retries exhausted` (ERROR: the attempts or the deadline ran out) and `not retried`
-//!   (WARN: the budget, or an error that is not retryable after retries) when a call gives up;
-//!   a loop's backoff logs both at WARN (the loop goes on): `retry.attempts`,
-//!   `retry.elapsed_ms`, `retry.outcome`, and the error's code and name.
+//!   (WARN: the budget) when a call gives up; a loop's backoff logs both at WARN (the loop goes
+//!   on): `retry.attempts`, `retry.elapsed_ms`, `retry.outcome`, and the error's code and
+//!   name; and `not retried` (WARN, rate-limited) for a loop's error that is not retryable:
+//!   `retry.outcome` `non_retryable`, `error.type` (the error's Rust type),
+//!   `retry.suppressed` (the like give-ups not logged since the last).
 //!
 //! [`Operation::metrics`] counts as the layer's [`RetryMetrics`] do (an operation is a
 //! request: `first_try`, `succeeded_after_retry`, `exhausted`, ...). With the `metrics` feature
@@ -68,7 +86,10 @@
 //! `http_route` and `http_request_method`.
 //!
 //! A success costs no allocation, no lock and no event: a loop's `reset()` reads no clock; a
-//! call reads it once, at its start, for its deadline.
+//! call reads it once, at its start, for its deadline. (While the operation has an admission
+//! limit, a try takes its slot under the limit's lock; with the `metrics` feature, each
+//! success costs the facade's labels: six small allocations, pinned by
+//! `tests/operation_allocations.rs`.)
 //!
 //! # The write path from a loop
 //!

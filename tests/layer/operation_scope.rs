@@ -193,9 +193,11 @@ async fn after_a_give_up_the_next_try_waits_its_turn() {
     // a streak that runs out of attempts, then time passes
     assert!(backoff.next_delay(&sqlx::Error::PoolTimedOut).is_some());
     assert!(backoff.next_delay(&sqlx::Error::PoolTimedOut).is_none());
-    tokio::time::advance(Duration::from_secs(1)).await;
-    // another task's try holds the slot
+    // longer than the deadline: a wait timed from the ended streak's start would be over
+    tokio::time::advance(Duration::from_secs(3)).await;
+    // another task's try collides (the operation keeps its limit) and holds the slot
     let mut other = op.backoff();
+    assert!(other.next_delay(&sqlx::Error::PoolTimedOut).is_some());
     let held = tokio::spawn(async move {
         let slot = other.admit().await.unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -354,4 +356,31 @@ fn a_non_send_error_keeps_the_run_future_send() {
     let op = Operation::new("send", RetryPolicy::default()).classify_with(|_: &NotSend| None);
     let call = op.run(|_| async { Err::<(), _>(NotSend(std::rc::Rc::new(()))) });
     spawnable(&call);
+}
+
+/// A loop's retry keeps its place: the slot its failed try held, dropped at the end of the
+/// loop's turn (as the documented loop drops it), waits for the streak's next `admit()`, while
+/// another task queued meanwhile waits; after the streak's success the slot goes to that task.
+#[tokio::test(start_paused = true)]
+async fn a_loops_retry_keeps_its_place_in_the_queue() {
+    let op = Operation::new("place", common::fast_policy(10));
+    contended(&op).await;
+    let mut backoff = op.backoff();
+    let slot = backoff.admit().await.unwrap();
+    assert!(slot.is_held());
+    // the try fails retryably; another task queues behind it
+    let delay = backoff.next_delay(&sqlx::Error::PoolTimedOut).unwrap();
+    let mut other = op.backoff();
+    let waiter = tokio::spawn(async move { other.admit().await.map(|s| s.is_held()) });
+    tokio::task::yield_now().await;
+    assert_eq!(op.metrics().admission_limits()[0].waiting(), 1);
+    tokio::time::sleep(delay).await;
+    drop(slot); // the end of the loop's turn
+    tokio::task::yield_now().await;
+    assert!(!waiter.is_finished(), "the slot waits for the retry");
+    let retry = backoff.admit().await.unwrap();
+    assert!(retry.is_held());
+    backoff.reset();
+    drop(retry);
+    assert_eq!(waiter.await.unwrap(), Ok(true));
 }
