@@ -94,7 +94,10 @@ fn a_success_allocates_nothing() {
     let looped_min = *looped.iter().min().unwrap() as u64;
     let wrapped_min = *wrapped.iter().min().unwrap() as u64;
     assert!(looped_min <= most, "the loop: {looped:?}, at most {most}");
-    assert!(wrapped_min <= most, "the wrapper: {wrapped:?}, at most {most}");
+    assert!(
+        wrapped_min <= most,
+        "the wrapper: {wrapped:?}, at most {most}"
+    );
     let snap = op.metrics().snapshot();
     assert_eq!(snap.first_try, 2 * (ROUNDS as u64 * SUCCESSES as u64 + 10));
 }

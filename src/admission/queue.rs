@@ -515,7 +515,11 @@ impl RouteLimit {
         );
         assert!(s.granted.len() as u32 <= s.held, "granted slots are held");
         let owned: u32 = s.owners.iter().map(|(_, n)| *n).sum();
-        assert!(owned <= s.held, "owned slots are held ({owned} > {})", s.held);
+        assert!(
+            owned <= s.held,
+            "owned slots are held ({owned} > {})",
+            s.held
+        );
         assert!(
             s.owners.iter().all(|(_, n)| *n > 0),
             "an owner listed with no slot"

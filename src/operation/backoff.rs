@@ -220,9 +220,7 @@ impl<C> Backoff<C> {
     /// The slot at once (none needed, free, or this call chain's own), or the queue's wait,
     /// its limit and how long it may last.
     #[allow(clippy::type_complexity)]
-    fn enter(
-        &mut self,
-    ) -> Result<Slot, (Arc<RouteLimit>, crate::admission::Acquire, Duration)> {
+    fn enter(&mut self) -> Result<Slot, (Arc<RouteLimit>, crate::admission::Acquire, Duration)> {
         self.enter_as(owner)
     }
 
@@ -419,11 +417,9 @@ impl<C> Backoff<C> {
             remaining,
         };
         let cap = match queue_behind {
-            true if self.attempt <= crate::future::SHORT_BACKOFF_ATTEMPTS => {
-                policy
-                    .base_delay
-                    .saturating_mul(crate::future::ADMITTED_BACKOFF_FACTOR)
-            }
+            true if self.attempt <= crate::future::SHORT_BACKOFF_ATTEMPTS => policy
+                .base_delay
+                .saturating_mul(crate::future::ADMITTED_BACKOFF_FACTOR),
             _ => policy.max_delay,
         };
         let (attempt, previous) = (self.attempt, self.previous);
@@ -465,7 +461,8 @@ impl<C> Backoff<C> {
         };
         self.end(outcome, now.saturating_duration_since(started));
         if outcome == Outcome::NonRetryable {
-            self.operation.not_retryable(error_type, self.attempt, self.in_loop);
+            self.operation
+                .not_retryable(error_type, self.attempt, self.in_loop);
         }
         None
     }

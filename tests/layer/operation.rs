@@ -179,7 +179,12 @@ async fn the_wrapper_never_retries_what_a_retry_cannot_cure() {
     assert!(capture.events.lock().unwrap().is_empty());
     let snap = op.metrics().snapshot();
     assert_eq!(
-        (snap.first_try, snap.non_retryable, snap.retries, snap.requests),
+        (
+            snap.first_try,
+            snap.non_retryable,
+            snap.retries,
+            snap.requests
+        ),
         (1, 1, 0, 2)
     );
 }

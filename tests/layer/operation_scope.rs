@@ -91,7 +91,10 @@ async fn the_next_warn_says_how_many_were_not_logged() {
 /// the slot its own caller holds.
 #[tokio::test(start_paused = true)]
 async fn a_nested_run_never_waits_for_its_callers_slot() {
-    let op = Operation::new("nested", common::fast_policy(10).deadline(Duration::from_secs(3)));
+    let op = Operation::new(
+        "nested",
+        common::fast_policy(10).deadline(Duration::from_secs(3)),
+    );
     contended(&op).await;
     let start = tokio::time::Instant::now();
     let value = op
@@ -109,7 +112,9 @@ async fn a_nested_run_never_waits_for_its_callers_slot() {
     let mut backoff = op.backoff();
     let slot = backoff.admit().await.unwrap();
     assert!(slot.is_held());
-    op.run(|_| async { Ok::<_, sqlx::Error>(()) }).await.unwrap();
+    op.run(|_| async { Ok::<_, sqlx::Error>(()) })
+        .await
+        .unwrap();
     // and a second backoff of the same operation driven by the same task
     let mut other = op.backoff();
     let inner: Slot = other.admit().await.unwrap();
@@ -153,7 +158,10 @@ async fn calls_side_by_side_in_one_task_still_take_turns() {
 /// queue; nothing runs without a slot.
 #[tokio::test(start_paused = true)]
 async fn a_queued_call_makes_no_try_past_its_deadline() {
-    let op = Operation::new("late", common::fast_policy(10).deadline(Duration::from_millis(100)));
+    let op = Operation::new(
+        "late",
+        common::fast_policy(10).deadline(Duration::from_millis(100)),
+    );
     contended(&op).await;
     let (_never_tx, never) = tokio::sync::watch::channel(());
     let holder = op.run(|_| {
@@ -205,7 +213,10 @@ async fn after_a_give_up_the_next_try_waits_its_turn() {
     });
     tokio::task::yield_now().await;
     let start = tokio::time::Instant::now();
-    let slot = backoff.admit().await.expect("its turn, within its deadline");
+    let slot = backoff
+        .admit()
+        .await
+        .expect("its turn, within its deadline");
     assert!(slot.is_held());
     assert_eq!(start.elapsed(), Duration::from_millis(200));
     held.await.unwrap();
@@ -216,18 +227,35 @@ async fn after_a_give_up_the_next_try_waits_its_turn() {
 /// retryable error starts a fresh limit.
 #[tokio::test(start_paused = true)]
 async fn a_quiet_operation_stops_queueing() {
-    let op = Operation::new("quiet", common::fast_policy(10).deadline(Duration::from_secs(5)));
+    let op = Operation::new(
+        "quiet",
+        common::fast_policy(10).deadline(Duration::from_secs(5)),
+    );
+    // its quiet time is the deadline, 5 s; the collision is at `t0`
+    let t0 = tokio::time::Instant::now();
     contended(&op).await;
     let limits = op.metrics().admission_limits();
     assert_eq!(limits[0].to_string(), "quiet: 1");
     assert_eq!((limits[0].method(), limits[0].route()), (None, "quiet"));
     let mut backoff = op.backoff();
-    assert!(backoff.admit().await.unwrap().is_held());
-    backoff.reset();
-    // quiet for the policy's deadline: the limit goes
-    tokio::time::advance(Duration::from_secs(5)).await;
-    assert!(!backoff.admit().await.unwrap().is_held());
+    let held = backoff.admit().await.unwrap();
+    assert!(held.is_held());
+    // another task's try queues behind it (a worker busy with something else holds it)
+    let mut other = op.backoff();
+    let queued = tokio::spawn(async move { other.admit().await.map(|s| s.is_held()) });
+    tokio::task::yield_now().await;
+    assert_eq!(op.metrics().admission_limits()[0].waiting(), 1);
+    // quiet for the policy's deadline (less than the queued try's): the limit goes at the
+    // next look, and the try queued for it is let go
+    tokio::time::advance(Duration::from_secs(5) - t0.elapsed()).await;
+    let mut third = op.backoff();
+    assert!(!third.admit().await.unwrap().is_held());
     assert!(op.metrics().admission_limits().is_empty());
+    tokio::task::yield_now().await;
+    assert!(queued.is_finished(), "the queued try was let go");
+    assert_eq!(queued.await.unwrap(), Ok(true));
+    drop(held);
+    backoff.reset();
     contended(&op).await;
 }
 
@@ -274,7 +302,10 @@ fn run_blocking_retries_a_rusqlite_write_and_nests() {
         .execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE IF NOT EXISTS t (x INTEGER)")
         .unwrap();
     setup.execute_batch("BEGIN IMMEDIATE").unwrap();
-    let op = Operation::new("blocking", common::fast_policy(1_000).deadline(Duration::from_secs(60)));
+    let op = Operation::new(
+        "blocking",
+        common::fast_policy(1_000).deadline(Duration::from_secs(60)),
+    );
     let (failed_tx, failed) = std::sync::mpsc::channel();
     let writer = {
         let (op, path) = (op.clone(), db.path.clone());
@@ -383,4 +414,74 @@ async fn a_loops_retry_keeps_its_place_in_the_queue() {
     backoff.reset();
     drop(retry);
     assert_eq!(waiter.await.unwrap(), Ok(true));
+}
+
+/// Many threads on one operation at once: calls of `run_blocking` (some nested, some failing
+/// retryably, some for good) and loops with `admit_blocking`, while the limit is made, learnt
+/// and tried from every side. None waits for its own slot (no call reaches its deadline),
+/// every call and streak is counted once, and at the end no slot is held and none waits.
+#[test]
+fn many_threads_share_one_operations_admission() {
+    let policy = RetryPolicy::default()
+        .base_delay(Duration::from_micros(1))
+        .max_delay(Duration::from_micros(20))
+        .max_attempts(u32::MAX)
+        .deadline(Duration::from_secs(60));
+    let op = Operation::new("storm", policy);
+    let threads: Vec<_> = (0..16u64)
+        .map(|t| {
+            let op = op.clone();
+            std::thread::spawn(move || {
+                let mut x = (t + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                let mut next = move || {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x
+                };
+                let mut backoff = op.backoff();
+                for _ in 0..500 {
+                    let roll = next();
+                    if t % 4 == 0 {
+                        // a loop's try
+                        let slot = backoff.admit_blocking().expect("a slot in time");
+                        if roll % 3 == 0 {
+                            let _ = backoff.next_delay(&sqlx::Error::PoolTimedOut);
+                        } else {
+                            backoff.reset();
+                        }
+                        drop(slot);
+                        continue;
+                    }
+                    let fails = roll % 4;
+                    let result = op.run_blocking(|attempt| {
+                        if roll % 5 == 0 {
+                            // a retried helper inside: never waits for its caller's slot
+                            op.run_blocking(|_| Ok::<_, sqlx::Error>(()))
+                                .map_err(|e| e.into_inner().unwrap())?;
+                        }
+                        match (fails, attempt) {
+                            (3, _) => Err(sqlx::Error::RowNotFound),
+                            (f, a) if u64::from(a) <= f => Err(sqlx::Error::PoolTimedOut),
+                            _ => Ok(()),
+                        }
+                    });
+                    match result {
+                        Ok(()) => assert_ne!(fails, 3),
+                        Err(e) => assert_eq!(e.outcome(), Outcome::NonRetryable, "{e}"),
+                    }
+                }
+                drop(backoff);
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let snap = op.metrics().snapshot();
+    assert_eq!(snap.requests, snap.finished(), "{snap:?}");
+    assert_eq!(snap.deadline, 0, "a try waited for its own slot: {snap:?}");
+    for limit in op.metrics().admission_limits() {
+        assert_eq!((limit.held(), limit.waiting()), (0, 0), "{limit}");
+    }
 }
