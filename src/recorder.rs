@@ -749,6 +749,7 @@ mod tests {
         assert_eq!(
             names,
             [
+                "tower_sqlite_retry_admission_limit{operation=claim}",
                 "tower_sqlite_retry_attempts{operation=claim}",
                 "tower_sqlite_retry_backoff_seconds{operation=claim}",
                 "tower_sqlite_retry_replays_total{operation=claim,error_type=SQLITE_BUSY}",
@@ -756,10 +757,42 @@ mod tests {
                 "tower_sqlite_retry_requests_total{operation=claim,outcome=succeeded_after_retry}",
             ]
         );
-        assert_eq!(out[2].1, DebugValue::Counter(2));
+        // the operation met contention: its admission limit (one try at once) is a gauge
+        assert_eq!(out[0].1, DebugValue::Gauge(1.0.into()));
+        assert_eq!(out[3].1, DebugValue::Counter(2));
         let histogram =
             |xs: &[f64]| DebugValue::Histogram(xs.iter().map(|x| (*x).into()).collect());
-        assert_eq!(out[0].1, histogram(&[2.0, 2.0]));
+        assert_eq!(out[1].1, histogram(&[2.0, 2.0]));
+    }
+
+    /// An operation's limit that goes away after its quiet time sets the gauge to 0.
+    #[test]
+    fn an_operations_limit_gauge_goes_to_zero_when_it_decays() {
+        use crate::{Operation, RetryPolicy, Retryable};
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let out = emitted(|| {
+            runtime.block_on(async {
+                let op = Operation::new("claim", RetryPolicy::default());
+                let mut backoff = op.backoff();
+                assert!(
+                    backoff
+                        .next_delay_for(Some(Retryable::new("5", "SQLITE_BUSY")))
+                        .is_some()
+                );
+                backoff.reset();
+                tokio::time::advance(std::time::Duration::from_secs(10)).await;
+                assert!(!backoff.admit().await.unwrap().is_held());
+            })
+        });
+        let gauge = out
+            .iter()
+            .find(|(n, _)| n == "tower_sqlite_retry_admission_limit{operation=claim}")
+            .unwrap();
+        assert_eq!(gauge.1, DebugValue::Gauge(0.0.into()));
     }
 
     #[test]
