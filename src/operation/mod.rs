@@ -418,10 +418,12 @@ impl<C: Clone> Operation<C> {
     ///
     /// Admission: once the operation met contention, the call waits for a slot before its
     /// first try and holds it, through its retries and backoffs, until it returns (its own
-    /// scope). A `run` of the same operation inside the closure (a retried helper called from
-    /// a retried caller), or anywhere else in the same task, runs under that slot and never
-    /// waits for it. A call whose wait reaches the deadline makes no try: `Err` with no error
-    /// ([`OperationError::error`] is `None`), outcome `deadline`.
+    /// scope); a call that began before the contention takes a slot at a retry if one is free.
+    /// A `run` of the same operation inside the closure (a retried helper called from a
+    /// retried caller), and a call made by a task (or thread) that holds a loop's [`Slot`] of
+    /// the operation, run under that slot and never wait for it; two calls side by side in one
+    /// task (`join!`) take turns. A call whose wait reaches the deadline makes no try: `Err`
+    /// with no error ([`OperationError::error`] is `None`), outcome `deadline`.
     ///
     /// `Err` holds the last error, the tries made and the time spent ([`OperationError`]).
     /// The future is `Send` when the closure's futures are, whatever the error type (the
