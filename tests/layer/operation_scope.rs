@@ -485,3 +485,35 @@ fn many_threads_share_one_operations_admission() {
         assert_eq!((limit.held(), limit.waiting()), (0, 0), "{limit}");
     }
 }
+
+/// A poller's policy without a deadline (`deadline(Duration::MAX)`): a try queued behind a
+/// slot that is never given back waits `MAX_ADMISSION_WAIT`, not for ever, then must not run
+/// (`AdmitError::TimedOut`), and the streak is counted `deadline` with no attempt.
+#[tokio::test(start_paused = true)]
+async fn without_a_deadline_the_wait_is_bounded_by_max_admission_wait() {
+    use tower_sqlite_retry::operation::MAX_ADMISSION_WAIT;
+    let op = Operation::new("poller", common::fast_policy(10).deadline(Duration::MAX));
+    contended(&op).await;
+    let mut holder = op.backoff();
+    let held = holder.admit().await.unwrap();
+    assert!(held.is_held());
+    let mut other = op.backoff();
+    let waiter = tokio::spawn(async move {
+        let start = tokio::time::Instant::now();
+        let result = other.admit().await.map(|s| s.is_held());
+        (result, start.elapsed())
+    });
+    // (a bound here, on the paused clock, so that a wait without one fails instead of hanging)
+    let (result, waited) = tokio::time::timeout(MAX_ADMISSION_WAIT * 2, waiter)
+        .await
+        .expect("the wait has a bound")
+        .unwrap();
+    assert!(
+        matches!(result, Err(AdmitError::TimedOut { .. })),
+        "{result:?}"
+    );
+    assert_eq!(waited, MAX_ADMISSION_WAIT);
+    let snap = op.metrics().snapshot();
+    assert_eq!(snap.deadline, 1, "{snap:?}");
+    drop(held);
+}
