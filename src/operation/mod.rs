@@ -427,7 +427,8 @@ impl<C: Clone> Operation<C> {
     ///
     /// `Err` holds the last error, the tries made and the time spent ([`OperationError`]).
     /// The future is `Send` when the closure's futures are, whatever the error type (the
-    /// error is never held across a wait). A success allocates nothing.
+    /// error is never held across a wait). A success allocates nothing (without the `metrics`
+    /// feature; with it, the facade's labels).
     pub async fn run<T, E, F, Fut>(&self, mut op: F) -> Result<T, OperationError<E>>
     where
         F: FnMut(u32) -> Fut,
