@@ -526,8 +526,12 @@ async fn work(
                 }
             },
             (Column::Backoff, Writer::Pool(pool)) => loop {
-                // the operation's admission: once claims collide, they take turns
-                backoff.admit().await;
+                // the operation's admission: once claims collide, they take turns; the slot
+                // is held through the try and its backoff, and goes back before processing
+                let slot = match backoff.admit().await {
+                    Ok(slot) => slot,
+                    Err(e) => break Err(e.to_string()),
+                };
                 match claim_deferred(pool, worker).await {
                     Ok(claimed) => {
                         backoff.reset();
@@ -540,6 +544,7 @@ async fn work(
                         }
                         None => {
                             // not retryable, or the streak ran out: the loop goes on, at the cap
+                            drop(slot);
                             tokio::time::sleep(backoff.cap()).await;
                             break Err(e.to_string());
                         }

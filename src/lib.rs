@@ -268,6 +268,9 @@ mod traits {
         assert_send::<operation::OperationPolicy>();
         assert_sync::<operation::OperationPolicy>();
         assert_send::<OperationError<sqlx::Error>>();
+        assert_send::<operation::Slot>();
+        assert_sync::<operation::Slot>();
+        assert_send::<operation::AdmitError>();
         assert_sync::<OperationError<sqlx::Error>>();
         fn run_is_send(op: &Operation, db: sqlx::SqlitePool) -> impl Send + '_ {
             op.run(move |_| {

@@ -33,6 +33,11 @@ pub const BACKOFF: &str = "tower_sqlite_retry_backoff_seconds";
 #[cfg(feature = "metrics")]
 pub const QUEUE_WAIT: &str = "tower_sqlite_retry_queue_wait_seconds";
 
+/// Gauge: an operation's admission limit (tries it lets run at once) now; 0 while it has
+/// none. Label `operation`.
+#[cfg(feature = "metrics")]
+pub const ADMISSION_LIMIT: &str = "tower_sqlite_retry_admission_limit";
+
 /// Gauge: request-body bytes held for replay now, every layer together. No labels.
 #[cfg(feature = "metrics")]
 pub const BUFFERED_BYTES: &str = "tower_sqlite_retry_buffered_bytes";
@@ -98,9 +103,9 @@ mod emit {
     use metrics::{Label, Unit};
 
     use super::{
-        ATTEMPTS, BACKOFF, BUFFERED_BYTES, QUEUE_WAIT, REPLAYS, REQUESTS, WRITE_ERRORS,
-        WRITE_GROUP_HELD, WRITE_GROUP_MEMBERS, WRITE_HELD, WRITE_SYNC_ERRORS, WRITE_WAIT,
-        WRITE_WAITING, WriteStage,
+        ADMISSION_LIMIT, ATTEMPTS, BACKOFF, BUFFERED_BYTES, QUEUE_WAIT, REPLAYS, REQUESTS,
+        WRITE_ERRORS, WRITE_GROUP_HELD, WRITE_GROUP_MEMBERS, WRITE_HELD, WRITE_SYNC_ERRORS,
+        WRITE_WAIT, WRITE_WAITING, WriteStage,
     };
     use crate::route::Route;
 
@@ -143,6 +148,12 @@ mod emit {
                 Unit::Seconds,
                 "Time an attempt waited for a writer-admission slot and the replay gate, one sample \
                  per queued attempt (waits ended by the deadline or a cancel included)."
+            );
+            metrics::describe_gauge!(
+                ADMISSION_LIMIT,
+                Unit::Count,
+                "An operation's admission limit: tries it lets run at once (0: none, it has not \
+                 met contention or its limit went away after a quiet time)."
             );
             metrics::describe_gauge!(
                 BUFFERED_BYTES,
@@ -278,6 +289,12 @@ mod emit {
     pub(crate) fn operation_queue_wait(operation: &str, waited: Duration) {
         let labels = vec![Label::new(OPERATION, operation.to_owned())];
         metrics::histogram!(QUEUE_WAIT, labels).record(waited);
+    }
+
+    /// An operation's admission limit moved (0: it has none).
+    pub(crate) fn operation_admission_limit(operation: &str, limit: u32) {
+        let labels = vec![Label::new(OPERATION, operation.to_owned())];
+        metrics::gauge!(ADMISSION_LIMIT, labels).set(f64::from(limit));
     }
 
     /// A retry of an operation outside HTTP.
@@ -434,6 +451,15 @@ pub(crate) fn operation_retry(operation: &str, error_type: &str) {
     emit::operation_retry(operation, error_type);
     #[cfg(not(feature = "metrics"))]
     let _ = (operation, error_type);
+}
+
+/// An operation's admission limit is now `limit` (0: none).
+#[inline]
+pub(crate) fn operation_admission_limit(operation: &str, limit: u32) {
+    #[cfg(feature = "metrics")]
+    emit::operation_admission_limit(operation, limit);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (operation, limit);
 }
 
 /// The time an attempt waited for admission and the replay gate, once per queued attempt.
@@ -723,6 +749,7 @@ mod tests {
         assert_eq!(
             names,
             [
+                "tower_sqlite_retry_admission_limit{operation=claim}",
                 "tower_sqlite_retry_attempts{operation=claim}",
                 "tower_sqlite_retry_backoff_seconds{operation=claim}",
                 "tower_sqlite_retry_replays_total{operation=claim,error_type=SQLITE_BUSY}",
@@ -730,10 +757,42 @@ mod tests {
                 "tower_sqlite_retry_requests_total{operation=claim,outcome=succeeded_after_retry}",
             ]
         );
-        assert_eq!(out[2].1, DebugValue::Counter(2));
+        // the operation met contention: its admission limit (one try at once) is a gauge
+        assert_eq!(out[0].1, DebugValue::Gauge(1.0.into()));
+        assert_eq!(out[3].1, DebugValue::Counter(2));
         let histogram =
             |xs: &[f64]| DebugValue::Histogram(xs.iter().map(|x| (*x).into()).collect());
-        assert_eq!(out[0].1, histogram(&[2.0, 2.0]));
+        assert_eq!(out[1].1, histogram(&[2.0, 2.0]));
+    }
+
+    /// An operation's limit that goes away after its quiet time sets the gauge to 0.
+    #[test]
+    fn an_operations_limit_gauge_goes_to_zero_when_it_decays() {
+        use crate::{Operation, RetryPolicy, Retryable};
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let out = emitted(|| {
+            runtime.block_on(async {
+                let op = Operation::new("claim", RetryPolicy::default());
+                let mut backoff = op.backoff();
+                assert!(
+                    backoff
+                        .next_delay_for(Some(Retryable::new("5", "SQLITE_BUSY")))
+                        .is_some()
+                );
+                backoff.reset();
+                tokio::time::advance(std::time::Duration::from_secs(10)).await;
+                assert!(!backoff.admit().await.unwrap().is_held());
+            })
+        });
+        let gauge = out
+            .iter()
+            .find(|(n, _)| n == "tower_sqlite_retry_admission_limit{operation=claim}")
+            .unwrap();
+        assert_eq!(gauge.1, DebugValue::Gauge(0.0.into()));
     }
 
     #[test]

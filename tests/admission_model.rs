@@ -13,6 +13,10 @@
 //! (granted or cancelled), no slot is held, and exactly `limit` requests can take one: no slot
 //! lost or minted.
 //!
+//! Two more check an operation's accounting: call chains that own slots (a nested try is let
+//! through, never queued behind its own chain), and a limit that goes away after a quiet time
+//! (`src/admission/operation.rs`) while tries hold and wait for it.
+//!
 //! The last test runs the same check on a model of the earlier design (a semaphore whose
 //! lowering retired permits through a debt that their return paid without the lowering's
 //! lock) and requires the checker to find it losing slots.
@@ -24,8 +28,10 @@ use std::task::{Context, Poll};
 use shuttle::future::block_on;
 use shuttle::thread;
 
-/// What `queue.rs` locks with: shuttle's, so that the scheduler sees every lock.
+/// What `queue.rs` and `operation.rs` lock with: shuttle's, so that the scheduler sees every
+/// lock and atomic.
 mod sync {
+    pub(crate) use shuttle::sync::atomic;
     pub(crate) use shuttle::sync::{Arc, Mutex};
 }
 
@@ -33,7 +39,14 @@ mod sync {
 #[path = "../src/admission/queue.rs"]
 mod queue;
 
-use queue::{MAX_LIMIT, RouteLimit, WINDOW_MIN};
+#[allow(dead_code, unreachable_pub)]
+#[path = "../src/admission/operation.rs"]
+mod operation;
+
+use std::time::Duration;
+
+use operation::OperationLimit;
+use queue::{Entry, MAX_LIMIT, RouteLimit, WINDOW_MIN};
 use sync::Arc;
 
 /// Polls a future once; `Some` if it completed.
@@ -251,4 +264,125 @@ fn the_model_finds_the_earlier_design_losing_slots() {
         );
     });
     assert!(found.is_err(), "the checker finds the lost slot");
+}
+
+/// An operation's slots name their call chain (an owner): a chain that holds one is let
+/// through at once (`Entry::Nested`), whatever the interleaving; another chain queues, a
+/// retry ahead of first tries; the slots an owner holds come back with them. Checked: the
+/// queue's invariants throughout (owned slots are held, none listed with none), and at the
+/// end every slot back, no owner left, `limit` slots free.
+fn owners_scenario() {
+    let route = Arc::new(RouteLimit::new());
+    let mut threads = Vec::new();
+    for chain in 1..=3u64 {
+        let r = route.clone();
+        threads.push(thread::spawn(move || {
+            // a first try of this chain: at once, or in the queue
+            let outer = match r.enter(chain, chain, false) {
+                Entry::Admitted(slot) => slot,
+                Entry::Queued(wait) => block_on(wait),
+                Entry::Nested => panic!("chain {chain} holds nothing yet"),
+            };
+            r.check();
+            // a nested try of the same chain (a `run` inside its `run`): never queued
+            for _ in 0..2 {
+                assert!(
+                    matches!(r.enter(chain, 100 + chain, chain == 2), Entry::Nested),
+                    "chain {chain} waited for itself"
+                );
+                thread::yield_now();
+            }
+            drop(outer);
+            r.check();
+            // a retry of this chain: ahead of first tries
+            let again = match r.enter(chain, chain, true) {
+                Entry::Admitted(slot) => Some(slot),
+                Entry::Queued(wait) => Some(block_on(wait)),
+                Entry::Nested => None,
+            };
+            assert!(again.is_some(), "chain {chain} held nothing");
+            drop(again);
+            r.check();
+        }));
+    }
+    // the learning raises and lowers the limit meanwhile
+    let r = route.clone();
+    threads.push(thread::spawn(move || {
+        r.set_limit(2);
+        thread::yield_now();
+        for _ in 0..WINDOW_MIN {
+            r.record_waiting(true, true);
+        }
+        r.check();
+    }));
+    for t in threads {
+        t.join().unwrap();
+    }
+    for chain in 1..=3 {
+        assert!(!route.held_by(chain), "chain {chain} still listed");
+    }
+    assert_all_back(&route);
+}
+
+#[test]
+fn a_call_chain_never_waits_for_its_own_slot() {
+    shuttle::check_random(owners_scenario, 3_000);
+    shuttle::check_pct(owners_scenario, 3_000, 3);
+}
+
+/// An operation's limit that goes away while tries hold and wait for its slots: the tries
+/// queued for it are let go (none waits for a limit nobody uses any more: a deadlock fails
+/// the schedule), a collision meanwhile makes a fresh limit or keeps the current one, and the
+/// old limit's slots all come back.
+fn decay_scenario() {
+    let op = Arc::new(OperationLimit::new());
+    let quiet = Duration::from_secs(1);
+    let (first, made) = op.collided(Duration::ZERO);
+    assert!(made);
+    let held = first.try_admit().expect("a free slot");
+    let mut threads = Vec::new();
+    // a try queued for the first limit
+    let f = first.clone();
+    threads.push(thread::spawn(move || {
+        let slot = block_on(f.admit());
+        thread::yield_now();
+        drop(slot);
+    }));
+    // the look that finds the operation quiet (its limit goes), and a collision
+    let o = op.clone();
+    threads.push(thread::spawn(move || {
+        let lookup = o.get(|| Duration::from_secs(5), quiet);
+        if lookup.decayed {
+            assert!(lookup.limit.is_none());
+        }
+    }));
+    let o = op.clone();
+    threads.push(thread::spawn(move || {
+        thread::yield_now();
+        let (limit, _) = o.collided(Duration::from_secs(5));
+        let slot = limit.try_admit();
+        drop(slot);
+        limit.check();
+    }));
+    // the holder goes
+    threads.push(thread::spawn(move || {
+        thread::yield_now();
+        drop(held);
+    }));
+    for t in threads {
+        t.join().unwrap();
+    }
+    let (limit, held, waiting) = first.snapshot();
+    assert_eq!((held, waiting), (0, 0), "every slot of the old limit back");
+    assert!((1..=MAX_LIMIT).contains(&limit));
+    if let Some((limit, held, waiting)) = op.snapshot() {
+        assert_eq!((held, waiting), (0, 0));
+        assert!((1..=MAX_LIMIT).contains(&limit));
+    }
+}
+
+#[test]
+fn a_limit_that_goes_away_lets_its_queue_go() {
+    shuttle::check_random(decay_scenario, 3_000);
+    shuttle::check_pct(decay_scenario, 3_000, 3);
 }

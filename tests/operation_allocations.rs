@@ -1,6 +1,11 @@
-//! A success costs a loop's backoff and the function wrapper no heap allocation: counted by
-//! a global counting allocator (a crate of its own: it counts every allocation of its
-//! process), with an INFO `fmt()` subscriber installed, as production runs.
+//! A success costs a loop's backoff (its `admit()` included) and the function wrapper no heap
+//! allocation: counted by a global counting allocator (a crate of its own: it counts every
+//! allocation of its process), with an INFO `fmt()` subscriber installed, as production runs.
+//!
+//! With the `metrics` feature (CI runs this file with it too) a success is recorded through
+//! the `metrics` facade, whose keys are built per call: each success then costs the facade's
+//! few allocations (its labels: at most `METRICS_ALLOCATIONS` per success, pinned here), and
+//! nothing more.
 
 use std::alloc::System;
 use std::future::Future;
@@ -14,6 +19,9 @@ static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 const SUCCESSES: usize = 10_000;
 const ROUNDS: usize = 3;
+/// What a success costs with the `metrics` feature: the facade's labels and keys.
+#[cfg(feature = "metrics")]
+const METRICS_ALLOCATIONS: u64 = 6;
 
 /// Polls a future that is ready at its first poll (no runtime, no waker).
 fn ready<F: Future>(future: F) -> F::Output {
@@ -33,11 +41,19 @@ fn a_success_allocates_nothing() {
         .with_max_level(tracing::Level::INFO)
         .with_writer(std::io::sink)
         .init();
+    // `admit()` bounds its waits with tokio's timer: the loop runs in a runtime's context
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _context = runtime.enter();
     let op = Operation::new("claim", RetryPolicy::default());
     let mut backoff = op.backoff();
     // warm up: thread-locals, the callsites' interest
     for _ in 0..10 {
+        let slot = ready(backoff.admit()).unwrap();
         backoff.reset();
+        drop(slot);
         ready(op.run(|_| async { Ok::<_, sqlx::Error>(1) })).unwrap();
     }
 
@@ -51,8 +67,10 @@ fn a_success_allocates_nothing() {
     for _ in 0..ROUNDS {
         let region = Region::new(GLOBAL);
         for _ in 0..SUCCESSES {
-            // the loop: a claim that succeeded
+            // the loop: its admission, a claim that succeeded
+            let slot = ready(backoff.admit()).unwrap();
             backoff.reset();
+            drop(slot);
         }
         let change = region.change();
         looped.push(change.allocations + change.reallocations);
@@ -69,8 +87,17 @@ fn a_success_allocates_nothing() {
     println!(
         "allocations per round of {SUCCESSES} successes: loop {looped:?}, wrapper {wrapped:?}"
     );
-    assert_eq!(looped.iter().min(), Some(&0), "the loop: {looped:?}");
-    assert_eq!(wrapped.iter().min(), Some(&0), "the wrapper: {wrapped:?}");
+    #[cfg(not(feature = "metrics"))]
+    let most = 0;
+    #[cfg(feature = "metrics")]
+    let most = METRICS_ALLOCATIONS * SUCCESSES as u64;
+    let looped_min = *looped.iter().min().unwrap() as u64;
+    let wrapped_min = *wrapped.iter().min().unwrap() as u64;
+    assert!(looped_min <= most, "the loop: {looped:?}, at most {most}");
+    assert!(
+        wrapped_min <= most,
+        "the wrapper: {wrapped:?}, at most {most}"
+    );
     let snap = op.metrics().snapshot();
     assert_eq!(snap.first_try, 2 * (ROUNDS as u64 * SUCCESSES as u64 + 10));
 }

@@ -326,6 +326,11 @@ async fn drive() {
         .await
         .unwrap();
     let writes = WritePool::new(pool);
+    // an operation outside HTTP meets contention: its admission limit (a gauge)
+    let op = tower_sqlite_retry::Operation::new("drive", RetryPolicy::default());
+    let mut backoff = op.backoff();
+    assert!(backoff.next_delay(&sqlx::Error::PoolTimedOut).is_some());
+    backoff.reset();
     let policy = RetryPolicy::default()
         .max_attempts(2)
         .base_delay(Duration::from_millis(1))

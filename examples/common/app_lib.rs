@@ -1022,7 +1022,7 @@ impl AppSnapshot {
                 .write_limits
                 .iter()
                 .map(|l| serde_json::json!({
-                    "method": l.method().as_str(),
+                    "method": l.method().map(|m| m.as_str()),
                     "route": l.route(),
                     "limit": l.limit(),
                     "held": l.held(),

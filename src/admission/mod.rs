@@ -78,18 +78,21 @@ use http::Method;
 
 use crate::route::Route;
 
+mod operation;
 mod queue;
 
+pub(crate) use operation::OperationLimit;
 #[allow(
     unused_imports,
     reason = "the wait's type, for a future that stores it unboxed"
 )]
 pub(crate) use queue::Acquire;
-pub(crate) use queue::{Admitted, RouteLimit};
+pub(crate) use queue::{Admitted, Entry, RouteLimit};
 
 /// The locks the queue uses: the standard library's here, the model checker's when
-/// `tests/admission_model.rs` includes `queue.rs`.
+/// `tests/admission_model.rs` includes `queue.rs` and `operation.rs`.
 mod sync {
+    pub(crate) use std::sync::atomic;
     pub(crate) use std::sync::{Arc, Mutex};
 }
 
@@ -145,6 +148,8 @@ pub(crate) struct Admissions {
     /// Whether any route has met contention: until then no request looks anything up.
     any: AtomicBool,
     routes: RwLock<ByMethod>,
+    /// An operation's one limit (outside HTTP), by the operation's name.
+    operation: Option<(Box<str>, Arc<OperationLimit>)>,
 }
 
 impl Admissions {
@@ -153,6 +158,15 @@ impl Admissions {
             mode,
             any: AtomicBool::new(false),
             routes: RwLock::default(),
+            operation: None,
+        }
+    }
+
+    /// An operation's: no route, its one limit reported under its name.
+    pub(crate) fn of_operation(name: &str, limit: Arc<OperationLimit>) -> Self {
+        Self {
+            operation: Some((name.into(), limit)),
+            ..Self::new(Admission::Off)
         }
     }
 
@@ -196,7 +210,7 @@ impl Admissions {
                 paths.iter().map(move |(path, route)| {
                     let (limit, held, waiting) = route.snapshot();
                     AdmissionLimit {
-                        method: method.clone(),
+                        method: Some(method.clone()),
                         route: path.clone(),
                         limit,
                         held,
@@ -206,15 +220,29 @@ impl Admissions {
             })
             .collect();
         out.sort_by(|a, b| {
-            (&*a.route, method_index(&a.method)).cmp(&(&*b.route, method_index(&b.method)))
+            let index = |m: &Option<Method>| m.as_ref().and_then(method_index);
+            (&*a.route, index(&a.method)).cmp(&(&*b.route, index(&b.method)))
         });
+        if let Some((name, operation)) = &self.operation
+            && let Some((limit, held, waiting)) = operation.snapshot()
+        {
+            out.push(AdmissionLimit {
+                method: None,
+                route: name.clone(),
+                limit,
+                held,
+                waiting,
+            });
+        }
         out
     }
 }
 
 /// One route that writer admission limits, as
 /// [`RetryMetrics::admission_limits`](crate::RetryMetrics::admission_limits) reports
-/// it: its method and route template, and how many attempts it lets run at once.
+/// it: its method and route template, and how many attempts it lets run at once. For an
+/// [`Operation`](crate::Operation) (outside HTTP), its one limit: no method, its name where a
+/// route has its template.
 ///
 /// The figures are read together, at one moment: by the time the caller looks, requests may
 /// have come and gone.
@@ -225,7 +253,7 @@ impl Admissions {
 /// for route in layer.metrics().admission_limits() {
 ///     println!(
 ///         "{} {}: {} in flight at most, {} now, {} queued",
-///         route.method(),
+///         route.method().map_or("", |m| m.as_str()),
 ///         route.route(),
 ///         route.limit(),
 ///         route.held(),
@@ -235,7 +263,7 @@ impl Admissions {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AdmissionLimit {
-    method: Method,
+    method: Option<Method>,
     route: Box<str>,
     limit: u32,
     held: u32,
@@ -243,18 +271,21 @@ pub struct AdmissionLimit {
 }
 
 impl AdmissionLimit {
-    /// The request method (one of the nine of RFC 9110 and RFC 5789).
-    pub fn method(&self) -> &Method {
-        &self.method
+    /// The request method (one of the nine of RFC 9110 and RFC 5789); `None` for an
+    /// operation's limit.
+    pub fn method(&self) -> Option<&Method> {
+        self.method.as_ref()
     }
 
-    /// The route template the router matched (`/orders/{id}`, never a raw path).
+    /// The route template the router matched (`/orders/{id}`, never a raw path), or the
+    /// operation's name.
     pub fn route(&self) -> &str {
         &self.route
     }
 
     /// The attempts allowed in flight at once: from 1 (where every route starts, at its first
-    /// retryable failure) to 256.
+    /// retryable failure) to 256. An operation's limit goes away after a quiet time with no
+    /// collision (it is then no longer listed).
     pub fn limit(&self) -> u32 {
         self.limit
     }
@@ -273,9 +304,13 @@ impl AdmissionLimit {
 }
 
 impl fmt::Display for AdmissionLimit {
-    /// `POST /orders/{id}: 3` (the method, the route template and the limit).
+    /// `POST /orders/{id}: 3` (the method, the route template and the limit); `claim: 1`
+    /// for an operation.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {}: {}", self.method, self.route, self.limit)
+        match &self.method {
+            Some(method) => write!(f, "{} {}: {}", method, self.route, self.limit),
+            None => write!(f, "{}: {}", self.route, self.limit),
+        }
     }
 }
 
@@ -496,7 +531,9 @@ mod tests {
                             match x % 4 {
                                 0 => held.extend(route.try_admit()),
                                 1 => drop(held.pop()),
-                                _ => route.record_waiting(storm && x % 2 == 0, true),
+                                _ => {
+                                    route.record_waiting(storm && x % 2 == 0, true);
+                                }
                             }
                         }
                     })

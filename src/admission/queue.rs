@@ -11,6 +11,12 @@
 //! a lowered limit), a waiting request is never passed over while a slot is free, and once
 //! every slot is back, `limit` requests can take one.
 //!
+//! An operation outside HTTP (`crate::operation`) also says *who* holds each slot: an owner,
+//! a number standing for a task or a thread (its call chain). A call chain that holds a slot
+//! and asks for another of the same limit (a retried function called from a retried caller)
+//! is let through at once under the slot it holds ([`RouteLimit::enter`]): no try ever waits
+//! for a slot its own call chain holds. The layer's requests name no owner.
+//!
 //! The file uses nothing but `super::sync::{Arc, Mutex}` (the standard library's in the crate,
 //! the model checker's in `tests/admission_model.rs`, which includes this file as is) and
 //! plain data, so the model checks the very code the crate runs.
@@ -49,8 +55,13 @@ struct State {
     waiting: VecDeque<Waiter>,
     /// Waiters granted a slot (counted in `held`) that their future has not collected yet.
     granted: Vec<u64>,
-    /// The next waiter's id.
+    /// The next waiter's id: from `FRESH` up for a first try, from 0 up for a retry (a streak
+    /// under way), which queues ahead of every first try (a retry never goes to the back).
     next_id: u64,
+    next_retry_id: u64,
+    /// Who holds the slots that named an owner (an operation's tries): each owner once, with
+    /// how many slots it holds.
+    owners: Vec<(u64, u32)>,
     aimd: Aimd,
 }
 
@@ -58,6 +69,19 @@ struct Waiter {
     id: u64,
     /// Set by the first poll; a waiter granted before it is polled needs no wake.
     waker: Option<Waker>,
+}
+
+/// The first id of a first try's wait: every retry's id is below it.
+const FRESH: u64 = 1 << 63;
+
+/// What [`RouteLimit::enter`] gives.
+pub(crate) enum Entry {
+    /// The caller's own call chain holds a slot of this limit: go on under it, take none.
+    Nested,
+    /// A slot at once.
+    Admitted(Admitted),
+    /// In the queue.
+    Queued(Acquire),
 }
 
 /// The learning half: windows of admitted attempts and the probes of a higher limit.
@@ -150,6 +174,24 @@ impl State {
         self.grant(wakes);
     }
 
+    /// Counts one more slot held by `owner`.
+    fn own(&mut self, owner: u64) {
+        match self.owners.iter_mut().find(|(o, _)| *o == owner) {
+            Some((_, n)) => *n = n.saturating_add(1),
+            None => self.owners.push((owner, 1)),
+        }
+    }
+
+    /// One slot of `owner`'s comes back.
+    fn disown(&mut self, owner: u64) {
+        if let Some(i) = self.owners.iter().position(|(o, _)| *o == owner) {
+            self.owners[i].1 -= 1;
+            if self.owners[i].1 == 0 {
+                self.owners.swap_remove(i);
+            }
+        }
+    }
+
     /// Takes a slot for a request arriving now, if one is free and nobody waits ahead.
     fn take(&mut self) -> bool {
         let free = self.held < self.limit && self.waiting.is_empty();
@@ -173,7 +215,9 @@ impl RouteLimit {
                 held: 0,
                 waiting: VecDeque::new(),
                 granted: Vec::new(),
-                next_id: 0,
+                next_id: FRESH,
+                next_retry_id: 0,
+                owners: Vec::new(),
                 aimd: Aimd {
                     attempts: 0,
                     collisions: 0,
@@ -219,7 +263,57 @@ impl RouteLimit {
     pub(crate) fn try_admit(self: &Arc<Self>) -> Option<Admitted> {
         self.lock().take().then(|| Admitted {
             route: Arc::clone(self),
+            owner: None,
         })
+    }
+
+    /// A slot for a try of `owner`'s call chain: none needed when that chain already holds
+    /// one of this limit ([`Entry::Nested`]), else one at once if free and nobody waits
+    /// ahead, else a place in the queue (the slot, once delivered, is `owner`'s). Decided
+    /// under the one lock: a chain's slot cannot come or go between the look and the queue.
+    ///
+    /// A `retry` (a try of a streak under way) queues behind the other retries but ahead of
+    /// every first try.
+    ///
+    /// `within` names the chain the caller runs inside (its task or thread), whose slot also
+    /// covers it; it is `owner` itself for a caller that is no call of its own.
+    pub(crate) fn enter(self: &Arc<Self>, owner: u64, within: u64, retry: bool) -> Entry {
+        let mut s = self.lock();
+        if s.owners.iter().any(|(o, _)| *o == owner || *o == within) {
+            return Entry::Nested;
+        }
+        if s.take() {
+            s.own(owner);
+            drop(s);
+            return Entry::Admitted(Admitted {
+                route: Arc::clone(self),
+                owner: Some(owner),
+            });
+        }
+        let id = if retry {
+            let id = s.next_retry_id;
+            s.next_retry_id = (id + 1).min(FRESH - 1);
+            let at = s.waiting.partition_point(|w| w.id < FRESH);
+            s.waiting.insert(at, Waiter { id, waker: None });
+            id
+        } else {
+            let id = s.next_id;
+            s.next_id = id.saturating_add(1);
+            s.waiting.push_back(Waiter { id, waker: None });
+            id
+        };
+        drop(s);
+        Entry::Queued(Acquire {
+            route: Arc::clone(self),
+            stage: Stage::Queued(id),
+            owner: Some(owner),
+        })
+    }
+
+    /// Whether `owner` holds a slot of this limit now.
+    #[allow(dead_code, reason = "for the tests")]
+    pub(crate) fn held_by(&self, owner: u64) -> bool {
+        self.lock().owners.iter().any(|(o, _)| *o == owner)
     }
 
     /// Waits for a slot, in arrival order: the request joins the queue now (or takes a free
@@ -231,7 +325,7 @@ impl RouteLimit {
             Stage::Granted
         } else {
             let id = s.next_id;
-            s.next_id += 1;
+            s.next_id = id.saturating_add(1);
             s.waiting.push_back(Waiter { id, waker: None });
             Stage::Queued(id)
         };
@@ -239,6 +333,7 @@ impl RouteLimit {
         Acquire {
             route: Arc::clone(self),
             stage,
+            owner: None,
         }
     }
 
@@ -250,42 +345,52 @@ impl RouteLimit {
     /// requests were waiting → one more clean window, and after `probe_every` of them the
     /// limit goes up by one (a probe; a clean window at the new limit confirms it and halves
     /// the wait again); otherwise it holds.
-    pub(crate) fn record(&self, collided: bool) {
-        self.record_as(collided, None);
+    ///
+    /// Returns the new limit when this attempt moved it.
+    pub(crate) fn record(&self, collided: bool) -> Option<u32> {
+        self.record_as(collided, None)
     }
 
     /// [`record`](Self::record), as though requests were waiting (`Some(true)`) or not.
     #[cfg(test)]
-    pub(crate) fn record_waiting(&self, collided: bool, waiting: bool) {
-        self.record_as(collided, Some(waiting));
+    pub(crate) fn record_waiting(&self, collided: bool, waiting: bool) -> Option<u32> {
+        self.record_as(collided, Some(waiting))
     }
 
-    fn record_as(&self, collided: bool, waiting: Option<bool>) {
+    fn record_as(&self, collided: bool, waiting: Option<bool>) -> Option<u32> {
         let mut wakes = Wakes::new();
-        {
+        let moved = {
             let mut s = self.lock();
             let waiting = waiting.unwrap_or(!s.waiting.is_empty());
             let limit = s.limit;
             let next = s.aimd.record(collided, limit, waiting);
-            if next != limit {
+            (next != limit).then(|| {
                 s.set_limit(next, &mut wakes);
-            }
-        }
+                s.limit
+            })
+        };
         wake_all(wakes);
+        moved
     }
 
-    /// Sets the limit directly (clamped to `1..=MAX_LIMIT`), as the learning does.
-    #[cfg(test)]
+    /// Sets the limit directly (clamped to `1..=MAX_LIMIT`), as the learning does; an
+    /// operation's limit that goes away is opened so (its queued tries go at once).
     pub(crate) fn set_limit(&self, limit: u32) {
         let mut wakes = Wakes::new();
         self.lock().set_limit(limit, &mut wakes);
         wake_all(wakes);
     }
 
-    /// Gives a slot back.
-    fn release(&self) {
+    /// Gives a slot back (`owner`'s, when it named one).
+    fn release(&self, owner: Option<u64>) {
         let mut wakes = Wakes::new();
-        self.lock().release(&mut wakes);
+        {
+            let mut s = self.lock();
+            if let Some(owner) = owner {
+                s.disown(owner);
+            }
+            s.release(&mut wakes);
+        }
         wake_all(wakes);
     }
 
@@ -310,18 +415,22 @@ impl RouteLimit {
 /// fences (through its backoffs and replays). Dropping it gives the slot back.
 pub(crate) struct Admitted {
     route: Arc<RouteLimit>,
+    /// The call chain that holds it (an operation's try), if one was named.
+    owner: Option<u64>,
 }
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        self.route.release();
+        self.route.release(self.owner);
     }
 }
 
-/// The wait for a slot ([`RouteLimit::admit`]).
+/// The wait for a slot ([`RouteLimit::admit`], [`RouteLimit::enter`]).
 pub(crate) struct Acquire {
     route: Arc<RouteLimit>,
     stage: Stage,
+    /// Whose the slot will be, once delivered.
+    owner: Option<u64>,
 }
 
 enum Stage {
@@ -338,11 +447,18 @@ impl Future for Acquire {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Admitted> {
         match self.stage {
-            Stage::Granted => {}
+            Stage::Granted => {
+                if let Some(owner) = self.owner {
+                    self.route.lock().own(owner);
+                }
+            }
             Stage::Queued(id) => {
                 let mut s = self.route.lock();
                 if let Some(i) = s.granted.iter().position(|g| *g == id) {
                     s.granted.swap_remove(i);
+                    if let Some(owner) = self.owner {
+                        s.own(owner);
+                    }
                 } else {
                     // Neither granted nor queued cannot be: only this future's drop removes
                     // its id otherwise.
@@ -363,6 +479,7 @@ impl Future for Acquire {
         self.stage = Stage::Done;
         Poll::Ready(Admitted {
             route: Arc::clone(&self.route),
+            owner: self.owner,
         })
     }
 }
@@ -370,7 +487,7 @@ impl Future for Acquire {
 impl Drop for Acquire {
     fn drop(&mut self) {
         match self.stage {
-            Stage::Granted => self.route.release(),
+            Stage::Granted => self.route.release(None),
             Stage::Queued(id) => self.route.cancel(id),
             Stage::Done => {}
         }
@@ -397,6 +514,16 @@ impl RouteLimit {
             "the queue is in arrival order"
         );
         assert!(s.granted.len() as u32 <= s.held, "granted slots are held");
+        let owned: u32 = s.owners.iter().map(|(_, n)| *n).sum();
+        assert!(
+            owned <= s.held,
+            "owned slots are held ({owned} > {})",
+            s.held
+        );
+        assert!(
+            s.owners.iter().all(|(_, n)| *n > 0),
+            "an owner listed with no slot"
+        );
     }
 
     /// [`check`](Self::check), and no more slots held than the limit: true at any moment

@@ -15,6 +15,7 @@
 //! | `tower_sqlite_retry_attempts` | histogram | attempts | `http_route`, `http_request_method` | attempts per finished request, the first included (1 = no replay) |
 //! | `tower_sqlite_retry_backoff_seconds` | histogram | seconds | `http_route`, `http_request_method` | time a finished request spent sleeping in backoff, all its replays together (0 without a replay) |
 //! | `tower_sqlite_retry_queue_wait_seconds` | histogram | seconds | `http_route`, `http_request_method` | time an attempt waited in the queues before it started: a writer-admission slot and the replay gate, one sample per attempt that passed one (0 when it passed at once), the waits that ended at the deadline or in a cancel included |
+//! | `tower_sqlite_retry_admission_limit` | gauge | count | `operation` | outside HTTP: an operation's admission limit now (tries it lets run at once; 0 while it has none: before its first retryable error, and after a quiet time with none) |
 //! | `tower_sqlite_retry_buffered_bytes` | gauge | bytes | none | request-body bytes held for replay right now, every layer of the process together |
 //! | `tower_sqlite_retry_write_wait_seconds` | histogram | seconds | `http_route`, `http_request_method`, `database` | the write path: time a write transaction waited for its database's turn (0 when it was free) |
 //! | `tower_sqlite_retry_write_held_seconds` | histogram | seconds | `http_route`, `http_request_method`, `database` | the write path: time a write transaction held its database's turn, from `BEGIN` to the turn going on (its commit or rollback included); the rate of its sum, by `database`, is the single writer's **utilization** |
@@ -37,7 +38,7 @@
 //! replay: outcomes `exhausted`, `deadline`, `budget_exhausted`, `not_replayable`, `fenced`.
 //!
 //! The names are also constants here ([`REQUESTS`], [`REPLAYS`], [`ATTEMPTS`], [`BACKOFF`],
-//! [`QUEUE_WAIT`], [`BUFFERED_BYTES`], [`WRITE_WAIT`], [`WRITE_HELD`], [`WRITE_WAITING`],
+//! [`QUEUE_WAIT`], [`ADMISSION_LIMIT`], [`BUFFERED_BYTES`], [`WRITE_WAIT`], [`WRITE_HELD`], [`WRITE_WAITING`],
 //! [`WRITE_GROUP_MEMBERS`], [`WRITE_GROUP_HELD`], [`WRITE_SYNC_ERRORS`], [`WRITE_ERRORS`]), with
 //! suggested histogram buckets ([`ATTEMPTS_BUCKETS`], [`SECONDS_BUCKETS`]).
 //!
@@ -178,7 +179,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 )]
 
 pub use crate::recorder::{
-    ATTEMPTS, ATTEMPTS_BUCKETS, BACKOFF, BUFFERED_BYTES, QUEUE_WAIT, REPLAYS, REQUESTS,
-    SECONDS_BUCKETS, WRITE_ERRORS, WRITE_GROUP_HELD, WRITE_GROUP_MEMBERS, WRITE_HELD,
+    ADMISSION_LIMIT, ATTEMPTS, ATTEMPTS_BUCKETS, BACKOFF, BUFFERED_BYTES, QUEUE_WAIT, REPLAYS,
+    REQUESTS, SECONDS_BUCKETS, WRITE_ERRORS, WRITE_GROUP_HELD, WRITE_GROUP_MEMBERS, WRITE_HELD,
     WRITE_SYNC_ERRORS, WRITE_WAIT, WRITE_WAITING,
 };

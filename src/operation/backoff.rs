@@ -5,8 +5,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use std::sync::Arc;
+
+use super::admit::{
+    AdmitError, MAX_ADMISSION_WAIT, Place, Slot, block_on_for, new_chain, owner, task_or_thread,
+};
 use super::{Operation, report};
-use crate::admission::Admitted;
+use crate::admission::{Entry, RouteLimit};
 use crate::classify::{ClassifyError, Retryable};
 use crate::decide::{After, Decision, Verdict, decide};
 use crate::metrics::Outcome;
@@ -28,7 +33,8 @@ use crate::metrics::Outcome;
 ///   attempt count (the billionth consecutive error waits the cap, as the tenth does).
 ///   `max_attempts(u32::MAX)` puts no limit on a streak's attempts (the deadline still
 ///   bounds it: `deadline(Duration::MAX)` for none).
-/// - **Free on success**: `reset()` reads no clock and allocates nothing.
+/// - **Free on success**: `reset()` reads no clock and allocates nothing (without the
+///   `metrics` feature; with it, the facade's labels: six small allocations).
 ///
 /// A dispatcher that polls a SQLite queue:
 ///
@@ -42,22 +48,34 @@ use crate::metrics::Outcome;
 /// #   let _ = db; Ok(None)
 /// }
 ///
-/// async fn dispatcher(db: sqlx::SqlitePool) {
-///     let policy = RetryPolicy::default().max_delay(Duration::from_millis(500));
-///     let mut backoff = Operation::new("claim", policy).backoff();
+/// async fn dispatcher(db: sqlx::SqlitePool, op: Operation) -> Result<(), Box<dyn std::error::Error>> {
+///     let mut backoff = op.backoff();
 ///     # for _ in 0..3 {
+///     // once claims collided, they take turns: the slot is held until `slot` is dropped
+///     let slot = backoff.admit().await?;
 ///     match claim(&db).await {
-///         Ok(_item) => backoff.reset(), // ... process it ...
+///         Ok(_item) => {
+///             backoff.reset();
+///             drop(slot); // ... then process it, without the slot
+///         }
 ///         Err(e) => match backoff.next_delay(&e) {
 ///             Some(delay) => tokio::time::sleep(delay).await,
-///             // not retryable, or the streak is over: logged once (WARN); keep polling
-///             None => tokio::time::sleep(backoff.cap()).await,
+///             // not retryable (a WARN, counted `non_retryable`), or the streak is over:
+///             // keep polling at the cap (or return `e`)
+///             None => {
+///                 drop(slot);
+///                 tokio::time::sleep(backoff.cap()).await;
+///             }
 ///         },
 ///     }
 ///     # }
+///     # Ok(())
 /// }
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// #     dispatcher(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap()).await
+/// #     let policy = RetryPolicy::default().max_delay(Duration::from_millis(500));
+/// #     // built once, cloned into each worker
+/// #     let op = Operation::new("claim", policy);
+/// #     dispatcher(sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap(), op.clone()).await.unwrap()
 /// # });
 /// ```
 ///
@@ -85,9 +103,13 @@ pub struct Backoff<C = crate::classify::RetryErrorChain> {
     in_loop: bool,
     /// Drawn from at the first retry (a success never touches it).
     rng: Option<fastrand::Rng>,
-    /// The admission slot this streak holds ([`admit`](Self::admit)), through its backoffs,
-    /// until it ends.
-    slot: Option<Admitted>,
+    /// The limit whose slot the try running now holds (set by [`admit`](Self::admit), taken
+    /// by the try's end): where the try's collision, or its absence, is counted. Not the slot:
+    /// the caller's [`Slot`] (or `run`'s scope) holds that.
+    pub(super) slotted: Option<Arc<RouteLimit>>,
+    /// A loop's place in the queue between a retry's decision and the retry (made at its
+    /// first slot).
+    place: Option<Arc<Place>>,
 }
 
 impl<C> Backoff<C> {
@@ -103,48 +125,206 @@ impl<C> Backoff<C> {
             armed: false,
             in_loop,
             rng: None,
-            slot: None,
+            slotted: None,
+            place: None,
         }
     }
 
-    /// Waits for the operation's admission slot, when it has a limit (admission is on, the
-    /// policy's default, and one of its tries failed retryably): from its first retryable
-    /// error on, the operation's tries run at most the learned limit at once, first come
-    /// first served, each keeping its slot through its backoff until it succeeds or stops
-    /// (the layer's writer admission, for an operation). At once otherwise, and while this
-    /// streak holds its slot. The wait is bounded by the deadline (a streak's, or the
-    /// policy's from now): past it the try runs without a slot. Uses tokio's timer only
-    /// while it waits. [`Operation::run`] calls it before each try; a loop calls it before
-    /// each of its own.
-    pub async fn admit(&mut self) {
-        if self.slot.is_some() {
-            return;
+    /// Waits for a slot of the operation's admission, for the try about to run: hold the
+    /// returned [`Slot`] through the try and its backoff, and drop it after (before the work
+    /// a success leads to). From the operation's first retryable error on (with the policy's
+    /// `Admission::Adaptive`, the default), its tries run at most the learned limit at once,
+    /// first come first served, a streak's retry ahead of every first try; the limit follows
+    /// AIMD on how many of them collide, and goes away after a quiet time with no collision.
+    /// Returns at once, holding nothing, while there is no limit, and when this task (or
+    /// thread) already holds a slot of the operation: a try never waits for a slot its own
+    /// call chain holds.
+    ///
+    /// The wait is bounded by the streak's deadline (the policy's deadline from now for a
+    /// first try; [`MAX_ADMISSION_WAIT`](super::MAX_ADMISSION_WAIT) without one). Past it, the
+    /// try must not run: [`AdmitError::TimedOut`], and the streak ends (`deadline`, counted and
+    /// logged at WARN as any give-up of a loop).
+    ///
+    /// Needs a tokio runtime (its timer bounds the wait): outside one it returns
+    /// [`AdmitError::NoRuntime`] at once, whatever the contention; a thread calls
+    /// [`admit_blocking`](Self::admit_blocking) instead.
+    pub async fn admit(&mut self) -> Result<Slot, AdmitError> {
+        if self.operation.retry_policy().admission == crate::policy::Admission::Off {
+            return Ok(Slot::none());
+        }
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(AdmitError::NoRuntime {
+                operation: self.operation.name().to_owned(),
+            });
+        }
+        let (limit, acquire, most) = match self.enter() {
+            Ok(slot) => return Ok(slot),
+            Err(queued) => queued,
+        };
+        let waited = Instant::now();
+        let got = tokio::time::timeout(most, acquire).await.ok();
+        self.admitted(limit, got, waited.elapsed())
+    }
+
+    /// [`admit`](Self::admit) for a call of [`Operation::run`]: the same, without the runtime
+    /// check (`run` sleeps on tokio's timer in any case). `Err` at the deadline.
+    pub(super) async fn admit_call(&mut self, chain: &mut Option<u64>) -> Result<Slot, ()> {
+        if self.operation.retry_policy().admission == crate::policy::Admission::Off {
+            return Ok(Slot::none());
+        }
+        let (limit, acquire, most) = match self.enter_as(|| *chain.insert(new_chain())) {
+            Ok(slot) => return Ok(slot),
+            Err(queued) => queued,
+        };
+        let waited = Instant::now();
+        let got = tokio::time::timeout(most, acquire).await.ok();
+        self.admitted(limit, got, waited.elapsed()).map_err(|_| ())
+    }
+
+    /// A slot for a call's retry, only if one is free now (a call that began before its
+    /// operation had a limit joins it at its next try, never waiting: it holds its last error
+    /// meanwhile, which a wait would keep across an await).
+    pub(super) fn admit_if_free(&mut self, chain: &mut Option<u64>) -> Slot {
+        if self.operation.retry_policy().admission == crate::policy::Admission::Off {
+            return Slot::none();
+        }
+        match self.enter_as(|| *chain.get_or_insert_with(new_chain)) {
+            Ok(slot) => slot,
+            // the wait is dropped at once: out of the queue
+            Err(_) => Slot::none(),
+        }
+    }
+
+    /// [`admit`](Self::admit) for a thread (rusqlite, Diesel, any synchronous driver): the
+    /// same queue, bounds and counting; the thread parks while it waits. Needs no runtime.
+    pub fn admit_blocking(&mut self) -> Result<Slot, AdmitError> {
+        self.admit_blocking_as(owner)
+    }
+
+    /// [`admit_blocking`](Self::admit_blocking) for the call chain `owner` gives.
+    pub(super) fn admit_blocking_as(
+        &mut self,
+        owner: impl FnOnce() -> u64,
+    ) -> Result<Slot, AdmitError> {
+        if self.operation.retry_policy().admission == crate::policy::Admission::Off {
+            return Ok(Slot::none());
+        }
+        let (limit, acquire, most) = match self.enter_as(owner) {
+            Ok(slot) => return Ok(slot),
+            Err(queued) => queued,
+        };
+        let waited = std::time::Instant::now();
+        let got = block_on_for(acquire, most);
+        self.admitted(limit, got, waited.elapsed())
+    }
+
+    /// The slot at once (none needed, free, or this call chain's own), or the queue's wait,
+    /// its limit and how long it may last.
+    #[allow(clippy::type_complexity)]
+    fn enter(&mut self) -> Result<Slot, (Arc<RouteLimit>, crate::admission::Acquire, Duration)> {
+        self.enter_as(owner)
+    }
+
+    /// [`enter`](Self::enter) for the call chain `owner` gives (asked only with a limit).
+    #[allow(clippy::type_complexity)]
+    pub(super) fn enter_as(
+        &mut self,
+        owner: impl FnOnce() -> u64,
+    ) -> Result<Slot, (Arc<RouteLimit>, crate::admission::Acquire, Duration)> {
+        if self.ended.is_some() {
+            // A streak that ended: the next try is a first try again (its wait counts from
+            // now, behind the queue).
+            self.clear();
+        }
+        let retry = self.armed && self.attempt > 1;
+        if retry
+            && let Some(place) = &self.place
+            && let Some((admitted, limit)) = place.take()
+        {
+            // the slot this streak's last try dropped: the retry keeps its place
+            self.slotted = Some(Arc::clone(&limit));
+            return Ok(Slot::held(admitted, limit).in_place(place));
         }
         let Some(limit) = self.operation.limit() else {
-            return;
+            return Ok(Slot::none());
         };
-        if let Some(slot) = limit.try_admit() {
-            self.slot = Some(slot);
-            return;
+        let owner = owner();
+        // a call's new chain also runs within its task's (or thread's): a loop's slot there
+        // covers it
+        let within = task_or_thread();
+        match limit.enter(owner, within, retry) {
+            Entry::Nested => Ok(Slot::none()),
+            Entry::Admitted(admitted) => {
+                self.slotted = Some(Arc::clone(&limit));
+                Ok(self.placed(Slot::held(admitted, limit)))
+            }
+            Entry::Queued(acquire) => {
+                let now = Instant::now();
+                // a streak's retry: its deadline; a first try: the policy's from now
+                let start = match self.started {
+                    Some(started) if self.armed => started,
+                    _ => now,
+                };
+                let most = match start.checked_add(self.operation.retry_policy().deadline) {
+                    Some(end) => end.saturating_duration_since(now),
+                    None => MAX_ADMISSION_WAIT,
+                };
+                Err((limit, acquire, most))
+            }
         }
-        let deadline = self.operation.retry_policy().deadline;
-        let waited = Instant::now();
-        let end = self.started.unwrap_or(waited).checked_add(deadline);
-        let acquire = limit.admit();
-        let slot = match end {
-            Some(end) => tokio::time::timeout_at(end, acquire).await.ok(),
-            None => Some(acquire.await),
-        };
-        self.operation.queued(waited.elapsed());
-        self.slot = slot;
     }
 
-    /// Counts how a try made under the slot ended in the limit's window.
-    fn record(&self, collided: bool) {
-        if self.slot.is_some()
-            && let Some(limit) = self.operation.limit()
+    /// The end of a wait in the queue: the slot, or the streak's end at its deadline.
+    fn admitted(
+        &mut self,
+        limit: Arc<RouteLimit>,
+        got: Option<crate::admission::Admitted>,
+        waited: Duration,
+    ) -> Result<Slot, AdmitError> {
+        self.operation.queued(waited);
+        match got {
+            Some(admitted) => {
+                self.slotted = Some(Arc::clone(&limit));
+                Ok(self.placed(Slot::held(admitted, limit)))
+            }
+            None => {
+                self.timed_out();
+                Err(AdmitError::TimedOut {
+                    operation: self.operation.name().to_owned(),
+                    waited,
+                })
+            }
+        }
+    }
+
+    /// A loop's slot, linked to the streak's place (a call's scope holds its own).
+    fn placed(&mut self, slot: Slot) -> Slot {
+        if !self.in_loop {
+            return slot;
+        }
+        let place = self.place.get_or_insert_with(Arc::default);
+        slot.in_place(place)
+    }
+
+    /// No slot within the deadline: the try does not run, and the streak (a first try's:
+    /// one of no attempt) ends at its deadline.
+    pub(super) fn timed_out(&mut self) {
+        let now = Instant::now();
+        if !self.armed {
+            self.armed = true;
+            self.operation.deposit();
+        }
+        let started = *self.started.get_or_insert(now);
+        self.attempt = self.attempt.saturating_sub(1);
+        self.end(Outcome::Deadline, now.saturating_duration_since(started));
+    }
+
+    /// Counts how the try that ran under a slot ended, in its limit's window.
+    fn record(&mut self, collided: bool) {
+        if let Some(limit) = self.slotted.take()
+            && let Some(moved) = limit.record(collided)
         {
-            limit.record(collided);
+            self.operation.limit_moved(moved);
         }
     }
 
@@ -180,16 +360,21 @@ impl<C> Backoff<C> {
         C: ClassifyError<E>,
     {
         let reason = self.operation.classify(error);
-        self.after_error(reason)
+        self.after_error(reason, Some(std::any::type_name::<E>()))
     }
 
     /// [`next_delay`](Self::next_delay) for an error already classified: `Some` with why it is
     /// retryable, `None` for an error that is not.
     pub fn next_delay_for(&mut self, retryable: Option<Retryable>) -> Option<Duration> {
-        self.after_error(retryable)
+        self.after_error(retryable, None)
     }
 
-    fn after_error(&mut self, reason: Option<Retryable>) -> Option<Duration> {
+    /// After an error (of the type named, in the give-up's event when it is not retryable).
+    fn after_error(
+        &mut self,
+        reason: Option<Retryable>,
+        error_type: Option<&'static str>,
+    ) -> Option<Duration> {
         if self.ended.is_some() {
             // A streak that ended: this error starts the next one.
             self.clear();
@@ -200,8 +385,16 @@ impl<C> Backoff<C> {
             self.operation.deposit();
         }
         let started = *self.started.get_or_insert(now);
-        let policy = self.operation.retry_policy();
         let retryable = reason.is_some();
+        // A try holding a slot while others queue behind it backs off briefly at first (they
+        // wait out its backoff too), as the layer's requests do.
+        let queue_behind = self.slotted.as_ref().is_some_and(|l| l.waiting() > 0);
+        self.record(retryable);
+        if retryable {
+            // the operation meets contention: its tries queue from now on
+            self.operation.contended(now);
+        }
+        let policy = self.operation.retry_policy();
         let verdict = if retryable {
             Verdict::Retryable
         } else {
@@ -224,22 +417,10 @@ impl<C> Backoff<C> {
             fenced: false,
             remaining,
         };
-        self.record(retryable);
-        if retryable && self.slot.is_none() {
-            // the operation meets contention: its tries queue from now on
-            self.operation.contended();
-        }
-        // A try holding a slot while others queue behind it backs off briefly at first (they
-        // wait out its backoff too), as the layer's requests do.
-        let cap = match &self.slot {
-            Some(_)
-                if self.attempt <= crate::future::SHORT_BACKOFF_ATTEMPTS
-                    && self.operation.limit().is_some_and(|l| l.waiting() > 0) =>
-            {
-                policy
-                    .base_delay
-                    .saturating_mul(crate::future::ADMITTED_BACKOFF_FACTOR)
-            }
+        let cap = match queue_behind {
+            true if self.attempt <= crate::future::SHORT_BACKOFF_ATTEMPTS => policy
+                .base_delay
+                .saturating_mul(crate::future::ADMITTED_BACKOFF_FACTOR),
             _ => policy.max_delay,
         };
         let (attempt, previous) = (self.attempt, self.previous);
@@ -260,6 +441,10 @@ impl<C> Backoff<C> {
                         now.saturating_duration_since(started),
                         self.reason.as_ref(),
                     );
+                    if let Some(place) = &self.place {
+                        // the try's slot, dropped before the retry, waits for it
+                        place.retrying();
+                    }
                     return Some(delay);
                 }
                 Outcome::BudgetExhausted
@@ -267,11 +452,19 @@ impl<C> Backoff<C> {
             Decision::Finish(outcome) => outcome,
         };
         // A non-retryable error ends the streak without having been retried: its reason
-        // (an earlier retryable error) is not what ended it.
-        if !retryable {
+        // (an earlier retryable error) is not what ended it. It is never a success: counted
+        // `non_retryable` even on a first try.
+        let outcome = if retryable {
+            outcome
+        } else {
             self.reason = None;
-        }
+            Outcome::NonRetryable
+        };
         self.end(outcome, now.saturating_duration_since(started));
+        if outcome == Outcome::NonRetryable {
+            self.operation
+                .not_retryable(error_type, self.attempt, self.in_loop);
+        }
         None
     }
 
@@ -282,8 +475,10 @@ impl<C> Backoff<C> {
         }
         self.ended = Some(outcome);
         self.armed = false;
-        // the slot goes back with the streak's end
-        self.slot = None;
+        self.slotted = None;
+        if let Some(place) = &self.place {
+            place.give_back();
+        }
         self.operation.finished(report::End {
             outcome,
             attempts: self.attempt,
@@ -292,6 +487,16 @@ impl<C> Backoff<C> {
             reason: self.reason.as_ref(),
             in_loop: self.in_loop,
         });
+    }
+
+    /// Ends a call under way with `outcome` (a tower request whose next try never came).
+    pub(super) fn abandon(&mut self, outcome: Outcome) {
+        if self.armed && self.ended.is_none() {
+            let elapsed = self.elapsed();
+            // the try the backoff was for was never made
+            self.attempt = self.attempt.saturating_sub(1).max(1);
+            self.end(outcome, elapsed);
+        }
     }
 
     /// After a success: records it (a first try, or a success after retries) and starts over
@@ -325,7 +530,10 @@ impl<C> Backoff<C> {
         self.reason = None;
         self.ended = None;
         self.armed = false;
-        self.slot = None;
+        self.slotted = None;
+        if let Some(place) = &self.place {
+            place.give_back();
+        }
     }
 
     /// The number of the try that runs next (or now): 1 after a reset, 2 after one retry, ...
@@ -369,6 +577,9 @@ impl<C> Backoff<C> {
 
 impl<C> Drop for Backoff<C> {
     fn drop(&mut self) {
+        if let Some(place) = &self.place {
+            place.give_back();
+        }
         if self.armed && self.ended.is_none() {
             let elapsed = self.elapsed();
             self.end(Outcome::Cancelled, elapsed);
@@ -510,8 +721,9 @@ mod tests {
     fn an_error_that_is_not_retryable_is_never_waited_on() {
         let op = Operation::new("test", RetryPolicy::default());
         let mut b = op.backoff();
+        // a permanent error on a first try is a give-up, never a success
         assert_eq!(b.next_delay_for(None), None);
-        assert_eq!(b.stopped(), Some(Outcome::FirstTry));
+        assert_eq!(b.stopped(), Some(Outcome::NonRetryable));
         assert!(b.next_delay_for(busy()).is_some());
         assert_eq!(b.next_delay_for(None), None);
         assert_eq!(b.stopped(), Some(Outcome::NonRetryable));
@@ -519,7 +731,7 @@ mod tests {
         let snap = op.metrics().snapshot();
         assert_eq!(
             (snap.first_try, snap.non_retryable, snap.retries),
-            (1, 1, 1)
+            (0, 2, 1)
         );
     }
 

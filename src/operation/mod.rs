@@ -31,14 +31,27 @@
 //! As the layer's writer admission does for a route, an operation that meets a retryable error
 //! gets a learned limit on its tries in flight (with the policy's
 //! [`Admission::Adaptive`](crate::policy::Admission), the default): from then on its tries
-//! queue for a slot, first come first served, each keeping its slot through its backoff until
-//! it succeeds or stops, and the limit follows AIMD on how many of them collide. Workers that
-//! all claim the oldest row of one queue stop colliding with each other. [`Operation::run`]
-//! takes a slot before each try; a loop calls [`Backoff::admit`] before each of its own (a
-//! no-op until the operation met contention, and while the streak holds its slot).
-//! `Admission::Off` turns it off. The policy's replay gate is the layer's alone (an
-//! operation queues its tries instead), and a tower service under [`Operation::layer`] has
-//! neither: tower's `Retry` owns that loop.
+//! queue for a slot, first come first served (a streak's retry ahead of every first try), and
+//! the limit follows AIMD on how many of them collide. Workers that all claim the oldest row
+//! of one queue stop colliding with each other. After a quiet time with no collision (the
+//! policy's deadline, within 1 to 60 s) the limit goes away, and the operation's tries run at
+//! once again until the next retryable error. [`RetryMetrics::admission_limits`] lists it;
+//! the `metrics` feature's gauge `tower_sqlite_retry_admission_limit` follows it.
+//!
+//! A slot is held by a value the caller sees: [`Operation::run`]'s own scope (the call holds
+//! one from its first try to its return), or the [`Slot`] that [`Backoff::admit`] returns to
+//! a loop (held through the try and its backoff, dropped before the work that follows).
+//! A try of a call chain that holds a slot of the operation (a `run` inside another `run`'s
+//! closure, a second backoff driven by the task that holds a slot) runs under that slot:
+//! no try ever waits for a slot its own call chain holds. Every wait is bounded by the
+//! deadline ([`MAX_ADMISSION_WAIT`] without one), and a try whose wait reached it does not
+//! run. `Admission::Off` turns admission off. The policy's replay gate is the layer's alone,
+//! and a tower service under [`Operation::layer`] has neither: tower's `Retry` owns that
+//! loop.
+//!
+//! `admit()` needs tokio (its timer bounds the wait) and refuses at once outside it;
+//! [`Backoff::admit_blocking`] and [`Operation::run_blocking`] serve threads (rusqlite,
+//! Diesel) with no runtime.
 //!
 //! # What giving up means
 //!
@@ -46,7 +59,10 @@
 //! call, as they bound a request. For a loop they bound one **streak** of consecutive errors
 //! (from its first error to the [`Backoff::reset`] after the next success): past them the
 //! backoff says `None` once, logs a WARN, and the loop decides (a poller usually keeps polling
-//! at the cap, [`Backoff::cap`]).
+//! at the cap, [`Backoff::cap`]). An error that is not retryable also says `None`, at once: it
+//! is counted `non_retryable` (never `first_try`, a success's counter) and a loop's is logged
+//! at WARN (`not retried`, with its type), at most once per [`NOT_RETRIED_WARN_EVERY`] per
+//! operation: a permanent error never goes unseen, nor is it retried as contention.
 //!
 //! # Observability
 //!
@@ -58,9 +74,11 @@
 //!   `retry.attempt` (the try about to run), `retry.delay_ms`, `retry.elapsed_ms`,
 //!   `db.response.status_code`, `error.type`;
 //! - `retries exhausted` (ERROR: the attempts or the deadline ran out) and `not retried`
-//!   (WARN: the budget, or an error that is not retryable after retries) when a call gives up;
-//!   a loop's backoff logs both at WARN (the loop goes on): `retry.attempts`,
-//!   `retry.elapsed_ms`, `retry.outcome`, and the error's code and name.
+//!   (WARN: the budget) when a call gives up; a loop's backoff logs both at WARN (the loop goes
+//!   on): `retry.attempts`, `retry.elapsed_ms`, `retry.outcome`, and the error's code and
+//!   name; and `not retried` (WARN, rate-limited) for a loop's error that is not retryable:
+//!   `retry.outcome` `non_retryable`, `error.type` (the error's Rust type),
+//!   `retry.suppressed` (the like give-ups not logged since the last).
 //!
 //! [`Operation::metrics`] counts as the layer's [`RetryMetrics`] do (an operation is a
 //! request: `first_try`, `succeeded_after_retry`, `exhausted`, ...). With the `metrics` feature
@@ -68,7 +86,10 @@
 //! `http_route` and `http_request_method`.
 //!
 //! A success costs no allocation, no lock and no event: a loop's `reset()` reads no clock; a
-//! call reads it once, at its start, for its deadline.
+//! call reads it once, at its start, for its deadline. (While the operation has an admission
+//! limit, a try takes its slot under the limit's lock; with the `metrics` feature, each
+//! success costs the facade's labels: six small allocations, pinned by
+//! `tests/operation_allocations.rs`.)
 //!
 //! # The write path from a loop
 //!
@@ -87,6 +108,7 @@
 //! `docs/outside-http.md` in the repository has the whole story and the dispatcher
 //! demonstration (`cargo run --release --example dispatcher`).
 
+mod admit;
 mod backoff;
 mod policy;
 mod report;
@@ -95,14 +117,16 @@ use std::borrow::Cow;
 use std::error::Error;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+pub use self::admit::{AdmitError, MAX_ADMISSION_WAIT, Slot};
 pub use self::backoff::Backoff;
 pub use self::policy::{Delay, OperationLayer, OperationPolicy};
-use crate::admission::{Admission, Admissions, RouteLimit};
+use crate::admission::{Admission, Admissions, OperationLimit, RouteLimit};
 use crate::classify::{ClassifyError, RetryErrorChain, Retryable};
 use crate::metrics::{Outcome, RetryMetrics, Stats};
 use crate::policy::{InvalidPolicy, RetryPolicy};
@@ -130,7 +154,8 @@ use crate::policy::{InvalidPolicy, RetryPolicy};
 ///         tx.commit().await
 ///     })
 ///     .await
-///     .map_err(|e| e.into_inner())
+///     // no error: the call got no admission slot within its deadline
+///     .map_err(|e| e.into_inner().unwrap_or(sqlx::Error::PoolTimedOut))
 /// }
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// #     let db = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
@@ -148,9 +173,27 @@ struct Shared {
     policy: RetryPolicy,
     stats: Arc<Stats>,
     /// Admission's learned limit on the operation's tries in flight, from its first retryable
-    /// error on (with the policy's `Admission::Adaptive`, the default).
-    limit: OnceLock<Arc<RouteLimit>>,
+    /// error on (with the policy's `Admission::Adaptive`, the default), until a quiet time.
+    limit: Arc<OperationLimit>,
+    /// When the operation was made: the clock its limit and its WARNs are timed on.
+    epoch: Instant,
+    /// The last `not retried` WARN of a loop's non-retryable error (nanoseconds since
+    /// `epoch`, plus one: 0 for none yet), and the give-ups not logged since.
+    warned_at: AtomicU64,
+    suppressed: AtomicU64,
 }
+
+/// How long an operation's admission limit outlives its last collision: the policy's
+/// deadline, within 1 to 60 seconds.
+fn quiet_time(policy: &RetryPolicy) -> Duration {
+    policy
+        .deadline
+        .clamp(Duration::from_secs(1), Duration::from_secs(60))
+}
+
+/// At most one `not retried` WARN per operation in this time, for a loop's errors that are
+/// not retryable (the next one says how many were not logged).
+pub const NOT_RETRIED_WARN_EVERY: Duration = Duration::from_secs(10);
 
 impl Operation {
     /// An operation named `name` (in events and metrics, where the layer puts the route) with
@@ -182,12 +225,18 @@ impl Operation {
     ) -> Result<Self, InvalidPolicy> {
         policy.validate()?;
         crate::recorder::describe();
+        let name = name.into();
+        let limit = Arc::new(OperationLimit::new());
+        let admissions = Admissions::of_operation(&name, Arc::clone(&limit));
         Ok(Self {
             shared: Arc::new(Shared {
-                name: name.into(),
+                name,
                 policy,
-                stats: Arc::new(Stats::new(Admissions::new(Admission::Off))),
-                limit: OnceLock::new(),
+                stats: Arc::new(Stats::new(admissions)),
+                limit,
+                epoch: Instant::now(),
+                warned_at: AtomicU64::new(0),
+                suppressed: AtomicU64::new(0),
             }),
             classifier: RetryErrorChain,
         })
@@ -253,21 +302,65 @@ impl<C> Operation<C> {
             .is_none_or(|budget| budget.withdraw())
     }
 
-    /// The operation's admission limit, once it met contention.
-    fn limit(&self) -> Option<&Arc<RouteLimit>> {
-        self.shared.limit.get()
+    /// The time since the operation was made.
+    fn since_epoch(&self) -> Duration {
+        self.shared.epoch.elapsed()
     }
 
-    /// A retryable error: from now on the operation's tries queue (admission on).
-    fn contended(&self) -> Option<&Arc<RouteLimit>> {
-        if self.shared.policy.admission == Admission::Off {
-            return None;
+    /// The operation's admission limit, while it has one (from its first retryable error to
+    /// a quiet time after its last); reads the clock only then.
+    fn limit(&self) -> Option<Arc<RouteLimit>> {
+        let quiet = quiet_time(&self.shared.policy);
+        let lookup = self.shared.limit.get(|| self.since_epoch(), quiet);
+        if lookup.decayed {
+            report::admission_limit(&self.shared.name, 0);
         }
-        Some(
-            self.shared
-                .limit
-                .get_or_init(|| Arc::new(RouteLimit::new())),
-        )
+        lookup.limit
+    }
+
+    /// A retryable error at `now`: from now on the operation's tries queue (admission on),
+    /// until a quiet time with no other.
+    fn contended(&self, now: Instant) {
+        if self.shared.policy.admission == Admission::Off {
+            return;
+        }
+        let since = now.saturating_duration_since(self.shared.epoch);
+        let (limit, made) = self.shared.limit.collided(since);
+        if made {
+            report::admission_limit(&self.shared.name, limit.limit());
+        }
+    }
+
+    /// The learned limit moved.
+    fn limit_moved(&self, limit: u32) {
+        report::admission_limit(&self.shared.name, limit);
+    }
+
+    /// A loop's streak ended on an error that is not retryable: WARN `not retried`, at most
+    /// once per [`NOT_RETRIED_WARN_EVERY`] for the operation.
+    fn not_retryable(&self, error_type: Option<&'static str>, attempts: u32, in_loop: bool) {
+        if !in_loop {
+            // a call's error goes back to its caller
+            return;
+        }
+        let now = u64::try_from(self.since_epoch().as_nanos())
+            .unwrap_or(u64::MAX)
+            .saturating_add(1);
+        let every = u64::try_from(NOT_RETRIED_WARN_EVERY.as_nanos()).unwrap_or(u64::MAX);
+        let last = self.shared.warned_at.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= every;
+        if !due
+            || self
+                .shared
+                .warned_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            self.shared.suppressed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let suppressed = self.shared.suppressed.swap(0, Ordering::Relaxed);
+        report::not_retryable(&self.shared.name, error_type, attempts, suppressed);
     }
 
     fn classify<E>(&self, error: &E) -> Option<Retryable>
@@ -319,12 +412,23 @@ impl<C: Clone> Operation<C> {
     /// deadline or budget are used up; sleeps the backoff between tries (tokio's timer). The
     /// closure is given the number of the try (1 for the first).
     ///
-    /// The deadline counts from this call and bounds every wait; a try that has started is
-    /// never cut short (it may have committed). Dropping the returned future cancels the try
-    /// or the wait in progress, and is counted (`cancelled`).
+    /// The deadline counts from this call and bounds every wait; no try starts past it, and a
+    /// try that has started is never cut short (it may have committed). Dropping the returned
+    /// future cancels the try or the wait in progress, and is counted (`cancelled`).
+    ///
+    /// Admission: once the operation met contention, the call waits for a slot before its
+    /// first try and holds it, through its retries and backoffs, until it returns (its own
+    /// scope); a call that began before the contention takes a slot at a retry if one is free.
+    /// A `run` of the same operation inside the closure (a retried helper called from a
+    /// retried caller), and a call made by a task (or thread) that holds a loop's [`Slot`] of
+    /// the operation, run under that slot and never wait for it; two calls side by side in one
+    /// task (`join!`) take turns. A call whose wait reaches the deadline makes no try: `Err`
+    /// with no error ([`OperationError::error`] is `None`), outcome `deadline`.
     ///
     /// `Err` holds the last error, the tries made and the time spent ([`OperationError`]).
-    /// A success allocates nothing.
+    /// The future is `Send` when the closure's futures are, whatever the error type (the
+    /// error is never held across a wait). A success allocates nothing (without the `metrics`
+    /// feature; with it, the facade's labels).
     pub async fn run<T, E, F, Fut>(&self, mut op: F) -> Result<T, OperationError<E>>
     where
         F: FnMut(u32) -> Fut,
@@ -333,25 +437,82 @@ impl<C: Clone> Operation<C> {
     {
         let mut backoff = Backoff::of(self.clone(), false);
         backoff.start_call(Instant::now());
+        // the call's slot, held by this scope until the call returns; its chain (made only
+        // when the operation has a limit) lets a nested call find it
+        let mut chain = None;
+        let mut slot = match backoff.admit_call(&mut chain).await {
+            Ok(slot) => slot,
+            Err(()) => return Err(OperationError::no_try(&backoff)),
+        };
         loop {
-            backoff.admit().await;
+            if !slot.is_held() && backoff.attempt() > 1 {
+                // the operation met contention after this call began: a free slot, if any
+                slot = backoff.admit_if_free(&mut chain);
+            }
+            backoff.slotted = slot.limit().cloned();
             let attempt = backoff.attempt();
-            match op(attempt).await {
+            let delay = match admit::in_chain(chain, op(attempt)).await {
                 Ok(value) => {
                     backoff.reset();
                     return Ok(value);
                 }
                 Err(error) => match backoff.next_delay(&error) {
-                    Some(delay) => tokio::time::sleep(delay).await,
-                    None => {
-                        let outcome = backoff.stopped().unwrap_or(Outcome::NonRetryable);
-                        return Err(OperationError {
-                            error,
-                            attempts: attempt,
-                            elapsed: backoff.elapsed(),
-                            outcome,
-                        });
-                    }
+                    Some(delay) => delay,
+                    None => return Err(OperationError::of(error, attempt, &backoff)),
+                },
+            };
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// [`run`](Self::run) for synchronous code (rusqlite, Diesel, any blocking driver): the
+    /// same policy, classification, admission, events and counters, on the calling thread,
+    /// which sleeps the backoff (`std::thread::sleep`) and parks while it waits for a slot.
+    /// Needs no runtime; do not call it on an async runtime's worker thread (it blocks).
+    ///
+    #[cfg_attr(feature = "rusqlite", doc = "```")]
+    #[cfg_attr(not(feature = "rusqlite"), doc = "```ignore")]
+    /// use tower_sqlite_retry::{Operation, RetryPolicy};
+    ///
+    /// fn rename(db: &mut rusqlite::Connection, id: i64, name: &str) -> rusqlite::Result<()> {
+    ///     let op = Operation::new("rename", RetryPolicy::default());
+    ///     op.run_blocking(|_attempt| {
+    ///         let tx = db.transaction()?;
+    ///         tx.execute("UPDATE items SET name = ?1 WHERE id = ?2", (name, id))?;
+    ///         tx.commit()
+    ///     })
+    ///     .map_err(|e| e.into_inner().expect("a try ran"))
+    /// }
+    /// # let mut db = rusqlite::Connection::open_in_memory().unwrap();
+    /// # db.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT)", ()).unwrap();
+    /// # rename(&mut db, 1, "x").unwrap();
+    /// ```
+    pub fn run_blocking<T, E, F>(&self, mut op: F) -> Result<T, OperationError<E>>
+    where
+        F: FnMut(u32) -> Result<T, E>,
+        C: ClassifyError<E>,
+    {
+        let mut backoff = Backoff::of(self.clone(), false);
+        backoff.start_call(Instant::now());
+        let mut chain = None;
+        let mut slot = match backoff.admit_blocking_as(|| *chain.insert(admit::new_chain())) {
+            Ok(slot) => slot,
+            Err(_) => return Err(OperationError::no_try(&backoff)),
+        };
+        loop {
+            if !slot.is_held() && backoff.attempt() > 1 {
+                slot = backoff.admit_if_free(&mut chain);
+            }
+            backoff.slotted = slot.limit().cloned();
+            let attempt = backoff.attempt();
+            match admit::in_blocking_chain(chain, || op(attempt)) {
+                Ok(value) => {
+                    backoff.reset();
+                    return Ok(value);
+                }
+                Err(error) => match backoff.next_delay(&error) {
+                    Some(delay) => std::thread::sleep(delay),
+                    None => return Err(OperationError::of(error, attempt, &backoff)),
                 },
             }
         }
@@ -384,24 +545,47 @@ impl<C> fmt::Debug for Operation<C> {
 /// returns it is replayed as a whole when the layer's policy allows more).
 #[derive(Debug)]
 pub struct OperationError<E> {
-    error: E,
+    /// `None`: no try ran (the wait for an admission slot reached the deadline).
+    error: Option<E>,
     attempts: u32,
     elapsed: Duration,
     outcome: Outcome,
 }
 
 impl<E> OperationError<E> {
-    /// The last error.
-    pub fn error(&self) -> &E {
-        &self.error
+    /// A try's error ended the call.
+    fn of<C>(error: E, attempts: u32, backoff: &Backoff<C>) -> Self {
+        Self {
+            error: Some(error),
+            attempts,
+            elapsed: backoff.elapsed(),
+            outcome: backoff.stopped().unwrap_or(Outcome::NonRetryable),
+        }
     }
 
-    /// The last error, by value.
-    pub fn into_inner(self) -> E {
+    /// The call's wait for an admission slot reached its deadline: no try ran.
+    fn no_try<C>(backoff: &Backoff<C>) -> Self {
+        Self {
+            error: None,
+            attempts: 0,
+            elapsed: backoff.elapsed(),
+            outcome: Outcome::Deadline,
+        }
+    }
+
+    /// The last try's error; `None` when no try ran: the call waited for an admission slot
+    /// until its deadline (outcome `deadline`, no attempt), so that no try would start past
+    /// it.
+    pub fn error(&self) -> Option<&E> {
+        self.error.as_ref()
+    }
+
+    /// The last try's error, by value ([`error`](Self::error)).
+    pub fn into_inner(self) -> Option<E> {
         self.error
     }
 
-    /// The tries made, the first included.
+    /// The tries made, the first included (0 when the call got no admission slot).
     pub fn attempts(&self) -> u32 {
         self.attempts
     }
@@ -411,8 +595,8 @@ impl<E> OperationError<E> {
         self.elapsed
     }
 
-    /// Why the call stopped: `FirstTry` (the first error was not retryable), `NonRetryable`
-    /// (a later one was not), `Exhausted`, `Deadline` or `BudgetExhausted`.
+    /// Why the call stopped: `NonRetryable` (an error that is not retryable, on the first try
+    /// or a later one), `Exhausted`, `Deadline` or `BudgetExhausted`.
     pub fn outcome(&self) -> Outcome {
         self.outcome
     }
@@ -420,20 +604,27 @@ impl<E> OperationError<E> {
 
 impl<E: fmt::Display> fmt::Display for OperationError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "failed after {} attempt{} in {:?} ({}): {}",
-            self.attempts,
-            if self.attempts == 1 { "" } else { "s" },
-            self.elapsed,
-            self.outcome,
-            self.error
-        )
+        match &self.error {
+            Some(error) => write!(
+                f,
+                "failed after {} attempt{} in {:?} ({}): {}",
+                self.attempts,
+                if self.attempts == 1 { "" } else { "s" },
+                self.elapsed,
+                self.outcome,
+                error
+            ),
+            None => write!(
+                f,
+                "no attempt: no admission slot within the deadline ({:?})",
+                self.elapsed
+            ),
+        }
     }
 }
 
 impl<E: Error + 'static> Error for OperationError<E> {
     fn source(&self) -> Option<&(dyn Error + 'static)> {
-        Some(&self.error)
+        self.error.as_ref().map(|e| e as &(dyn Error + 'static))
     }
 }

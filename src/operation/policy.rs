@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
@@ -19,7 +20,11 @@ use crate::classify::ClassifyError;
 /// tower's [`Retry`](tower::retry::Retry) does the retrying; this policy decides, per request,
 /// from the service's `Err` (the operation's classifier; the response is never looked at) and
 /// sleeps the delay on tokio's timer. The deadline counts from the call. A request whose future
-/// is dropped before it finished is counted `cancelled`.
+/// is dropped before it finished is counted `cancelled`; one that ends after its backoff
+/// without its next try, because the inner service's `poll_ready` failed (tower's `Retry`
+/// then returns that error), is counted `non_retryable`, as the layer counts a readiness
+/// error. (The policy sees neither the readiness nor its error: a request dropped while the
+/// inner service stays not ready after a backoff is counted `non_retryable` too.)
 ///
 #[cfg_attr(feature = "sqlx", doc = "```")]
 #[cfg_attr(not(feature = "sqlx"), doc = "```ignore")]
@@ -44,6 +49,10 @@ use crate::classify::ClassifyError;
 /// ```
 pub struct OperationPolicy<C = crate::classify::RetryErrorChain> {
     backoff: Backoff<C>,
+    /// Set when a backoff's delay ended and tower went on to the inner service's readiness;
+    /// cleared when tower asks for the next try's request (readiness came). Made at the
+    /// request's first retry.
+    readying: Option<Arc<AtomicBool>>,
     /// Set on the service's own policy by `clone_request` at a call, taken by the clone that
     /// tower makes for the request right after: only that clone counts the request as
     /// cancelled if it is dropped unfinished.
@@ -60,6 +69,7 @@ impl<C: Clone> Operation<C> {
     pub fn policy(&self) -> OperationPolicy<C> {
         OperationPolicy {
             backoff: Backoff::of(self.clone(), false),
+            readying: None,
             fresh: AtomicBool::new(false),
         }
     }
@@ -81,7 +91,21 @@ impl<C: Clone> Clone for OperationPolicy<C> {
         }
         Self {
             backoff,
+            readying: None,
             fresh: AtomicBool::new(false),
+        }
+    }
+}
+
+impl<C> Drop for OperationPolicy<C> {
+    fn drop(&mut self) {
+        if self
+            .readying
+            .as_ref()
+            .is_some_and(|r| r.load(Ordering::Relaxed))
+        {
+            // after a backoff, the try never came: the inner service's readiness failed
+            self.backoff.abandon(crate::metrics::Outcome::NonRetryable);
         }
     }
 }
@@ -101,14 +125,22 @@ where
             }
             Err(error) => {
                 let delay = self.backoff.next_delay(error)?;
+                let readying = self
+                    .readying
+                    .get_or_insert_with(|| Arc::new(AtomicBool::new(false)));
                 Some(Delay {
                     sleep: tokio::time::sleep(delay),
+                    readying: Some(Arc::clone(readying)),
                 })
             }
         }
     }
 
     fn clone_request(&mut self, req: &Req) -> Option<Req> {
+        if let Some(readying) = &self.readying {
+            // the inner service was ready: the next try is made
+            readying.store(false, Ordering::Relaxed);
+        }
         if !self.backoff.is_call() {
             // The service's own policy, at a call: the clock starts now, and the clone
             // tower makes next is the request's.
@@ -134,6 +166,8 @@ pin_project! {
     pub struct Delay {
         #[pin]
         sleep: Sleep,
+        // set once the delay is over: tower takes the inner service's readiness next
+        readying: Option<Arc<AtomicBool>>,
     }
 }
 
@@ -141,6 +175,11 @@ impl Future for Delay {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        self.project().sleep.poll(cx)
+        let this = self.project();
+        std::task::ready!(this.sleep.poll(cx));
+        if let Some(readying) = this.readying.take() {
+            readying.store(true, Ordering::Relaxed);
+        }
+        Poll::Ready(())
     }
 }

@@ -84,3 +84,26 @@ pub(super) fn finished(operation: &str, end: &End<'_>) {
 pub(super) fn queued(operation: &str, waited: Duration) {
     recorder::operation_queue_wait(operation, waited);
 }
+
+/// A loop's streak ended on an error that is not retryable: WARN `not retried`, with the
+/// error's type and the like give-ups not logged since the last such event.
+pub(super) fn not_retryable(
+    operation: &str,
+    error_type: Option<&str>,
+    attempts: u32,
+    suppressed: u64,
+) {
+    event_at_level!(Level::WARN,
+        retry.attempts = attempts,
+        retry.outcome = Outcome::NonRetryable.as_str(),
+        error.type = error_type,
+        retry.suppressed = suppressed,
+        retry.operation = operation,
+        "not retried"
+    );
+}
+
+/// The operation's admission limit is now `limit` (0: it has none).
+pub(super) fn admission_limit(operation: &str, limit: u32) {
+    recorder::operation_admission_limit(operation, limit);
+}

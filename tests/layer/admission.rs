@@ -157,7 +157,7 @@ async fn a_route_is_queued_only_after_it_collides() {
     let route = &layer.metrics().admission_limits()[0];
     assert_eq!(
         (route.method(), route.route(), route.limit(), route.held()),
-        (&http::Method::POST, "/w/{id}", 1, 0)
+        (Some(&http::Method::POST), "/w/{id}", 1, 0)
     );
     probe.take_max();
     probe.order.lock().unwrap().clear();

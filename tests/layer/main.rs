@@ -29,6 +29,7 @@ mod layering;
 mod metrics;
 mod mysql;
 mod operation;
+mod operation_scope;
 mod postgres;
 mod reliability;
 mod replay;

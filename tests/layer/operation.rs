@@ -171,12 +171,22 @@ async fn the_wrapper_never_retries_what_a_retry_cannot_cure() {
     op.run(put).await.unwrap();
     let err = op.run(put).await.unwrap_err();
     assert_eq!(err.attempts(), 1);
-    assert_eq!(err.outcome(), Outcome::FirstTry);
-    let db_error = err.error().as_database_error().unwrap();
+    // an error is never counted as a success, even on a first try
+    assert_eq!(err.outcome(), Outcome::NonRetryable);
+    let db_error = err.error().unwrap().as_database_error().unwrap();
     assert!(db_error.is_unique_violation(), "{err}");
+    // a call's error goes back to its caller: no event
     assert!(capture.events.lock().unwrap().is_empty());
     let snap = op.metrics().snapshot();
-    assert_eq!((snap.first_try, snap.retries, snap.requests), (2, 0, 2));
+    assert_eq!(
+        (
+            snap.first_try,
+            snap.non_retryable,
+            snap.retries,
+            snap.requests
+        ),
+        (1, 1, 0, 2)
+    );
 }
 
 /// While the lock is never released, the wrapper gives up at its attempts: the last error
@@ -194,7 +204,7 @@ async fn the_wrapper_gives_up_at_its_attempts_with_the_last_error() {
         .expect_err("locked all along");
     assert_eq!(err.attempts(), 4);
     assert_eq!(err.outcome(), Outcome::Exhausted);
-    assert!(tower_sqlite_retry::DriverError::retryable(err.error()).is_some());
+    assert!(tower_sqlite_retry::DriverError::retryable(err.error().unwrap()).is_some());
     // its source is the error: the layer still finds it in a handler's error
     assert!(tower_sqlite_retry::classify_error_chain(&err).is_some());
     assert!(err.to_string().contains("after 4 attempts"), "{err}");
@@ -431,7 +441,7 @@ async fn a_boxed_error_service_and_a_dropped_job() {
     assert_eq!(
         (
             snap.succeeded_after_retry,
-            snap.first_try,
+            snap.non_retryable,
             snap.cancelled,
             snap.requests
         ),
@@ -456,7 +466,7 @@ async fn custom_classifiers_decide() {
         .run(|_| async { Err::<(), _>(sqlx::Error::PoolTimedOut) })
         .await
         .unwrap_err();
-    assert_eq!((err.attempts(), err.outcome()), (1, Outcome::FirstTry));
+    assert_eq!((err.attempts(), err.outcome()), (1, Outcome::NonRetryable));
 }
 
 /// Admission: once an operation met a retryable error, its tries take turns. A call that

@@ -441,7 +441,8 @@ async fn stop_during_a_run_retry_finishes() {
             |job: Charge, app: Data<App>, op: Data<Operation>| async move {
                 op.run(|_attempt| try_charge(&app, &job))
                     .await
-                    .map_err(|e| e.into_inner())
+                    // no error: no admission slot within the deadline, as a pool time-out
+                    .map_err(|e| e.into_inner().unwrap_or(sqlx::Error::PoolTimedOut))
             },
         );
     let run = tokio::spawn(worker.run());
