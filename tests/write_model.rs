@@ -206,6 +206,8 @@ mod checkpoint;
 mod driver;
 #[path = "../src/write/failed.rs"]
 mod failed;
+#[path = "../src/write/file_turn.rs"]
+mod file_turn;
 #[path = "../src/write/gate.rs"]
 mod gate;
 #[path = "../src/write/group.rs"]

@@ -483,6 +483,9 @@ mod bound;
 mod checkpoint;
 mod driver;
 mod failed;
+mod file_turn;
+#[cfg(test)]
+mod file_turn_tests;
 mod gate;
 mod group;
 mod pool;

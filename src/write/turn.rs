@@ -19,6 +19,7 @@ use tokio::time::Instant;
 
 use crate::attempt::RequestState;
 
+use super::file_turn::FileTurn;
 use super::stats::{TurnCounts, WriteStats};
 
 /// The queues by key. Weak: a queue lives as long as a `WritePool` (or a turn) on its database
@@ -61,6 +62,10 @@ pub(crate) struct Queue {
     _anchor: Option<Arc<dyn Any + Send + Sync>>,
     /// How many wait, how long the turn is held: what the queue says of itself.
     counts: TurnCounts,
+    /// The file's turn between processes (`file_turn.rs`), for a file's queue where there is
+    /// one: taken by each writer once it has this queue's turn, kept for the next while this
+    /// process's writers keep coming and no other process waits.
+    file_turn: Option<FileTurn>,
 }
 
 impl Queue {
@@ -93,11 +98,13 @@ impl Queue {
             Some(name) => name.to_string_lossy().into(),
             None => "memory".into(),
         };
+        let file_turn = path.as_deref().and_then(FileTurn::open);
         let queue = Arc::new(Queue {
             turn: Semaphore::new(1),
             path,
             _anchor: anchor,
             counts: TurnCounts::new(database),
+            file_turn,
         });
         queues.insert(key, Arc::downgrade(&queue));
         queue
@@ -195,6 +202,12 @@ impl Queue {
         since: std::time::Instant,
     ) -> Option<Turn> {
         let permit = self.turn.try_acquire().ok()?;
+        // (Not at once: the permit goes back, and the writer thread waits for both.)
+        if let Some(file_turn) = &self.file_turn
+            && !file_turn.take_now()
+        {
+            return None;
+        }
         Some(self.turn_of(permit, Holder::Thread { since }, None, request, slow))
     }
 
@@ -229,6 +242,10 @@ impl Queue {
         until: impl FnOnce() -> Option<Instant>,
         holder: Holder,
     ) -> Option<Turn> {
+        // The bound, asked once and only if a wait is needed.
+        let mut until = Some(until);
+        let mut bound = None;
+        let mut bound_of = || *bound.get_or_insert_with(|| until.take().and_then(|f| f()));
         let (permit, waited_from) = match self.turn.try_acquire() {
             Ok(permit) => (permit, None),
             Err(TryAcquireError::NoPermits) => {
@@ -236,7 +253,7 @@ impl Queue {
                 let _waiting =
                     matches!(holder, Holder::Writer).then(|| self.counts.waiting_for_turn());
                 let acquire = self.turn.acquire();
-                let acquired = match until() {
+                let acquired = match bound_of() {
                     Some(until) => tokio::time::timeout_at(until, acquire).await.ok()?,
                     None => acquire.await,
                 };
@@ -245,6 +262,19 @@ impl Queue {
             }
             Err(TryAcquireError::Closed) => unreachable!("the turn's semaphore is never closed"),
         };
+        // A writer's turn is the file's too, between processes. NOTE: the permit is held
+        // meanwhile, and goes back if the wait ends without the file's turn.
+        if let (Some(file_turn), false) = (&self.file_turn, matches!(holder, Holder::Checkpoint))
+            && !file_turn.take_now()
+        {
+            let waited_from = waited_from.unwrap_or_else(std::time::Instant::now);
+            let take = file_turn.take();
+            match bound_of() {
+                Some(until) => tokio::time::timeout_at(until, take).await.ok()?,
+                None => take.await,
+            }
+            return Some(self.turn_of(permit, holder, Some(waited_from), request, slow));
+        }
         Some(self.turn_of(permit, holder, waited_from, request, slow))
     }
 
@@ -387,6 +417,11 @@ impl Drop for Turn {
             return;
         }
         let held = self.queue.counts.given_back(self.taken);
+        // The file's turn, kept for the next writer of this process or let go, before this
+        // queue's turn goes to it.
+        if let Some(file_turn) = &self.queue.file_turn {
+            file_turn.turn_given_back(self.queue.counts.has_waiting());
+        }
         self.queue.turn.add_permits(1);
         let route = self.request.as_deref().map(RequestState::route);
         self.queue

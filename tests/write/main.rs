@@ -9,6 +9,7 @@ mod common;
 
 mod operation_write;
 mod power_loss;
+mod processes;
 mod write_crash;
 mod write_group;
 mod write_observability;

@@ -128,16 +128,21 @@ impl DieselWriteThread {
     /// and, with group commit, durable; otherwise the error: `f`'s or Diesel's, or the writer
     /// thread's as an `Unknown` database error:
     ///
-    /// - the turn not reached within the request's deadline: `database is locked`, SQLite's
-    ///   `SQLITE_BUSY` text (retryable: the layer replays while its deadline allows); `f`
-    ///   never ran;
+    /// - the request's deadline passed before `f` began (waiting for the writer thread, the
+    ///   turn, or another process's lock): `database is locked`, SQLite's `SQLITE_BUSY` text
+    ///   (retryable: the layer replays while its deadline allows); `f` never ran;
     /// - the fsync of the WAL failed, or an earlier one did (the file is refused): a message
     ///   that says so, never retryable (committed, not known durable);
-    /// - a second transaction begun while the request holds this database's turn, or the
-    ///   writer thread gone.
+    /// - a savepoint of Diesel's transaction manager that `f` began and left open (the whole
+    ///   transaction rolled back), `f` sent while the request holds this database's turn
+    ///   through a `WriteTransaction` or a `WriteTurn`, `f` panicked, or the writer thread
+    ///   gone.
     ///
-    /// A `COMMIT` that went through fences the current request. If the caller stops waiting
-    /// before `f` began, `f` never runs; once it began, it runs to its end.
+    /// A `COMMIT` that went through fences the current request, and so does a transaction that
+    /// was over before `f` returned its error (it may have committed). If the caller stops
+    /// waiting before `f` began, `f` never runs and is dropped at once; once it began, it runs
+    /// to its end. After it, whatever it left (the transaction open, Diesel's manager broken)
+    /// is rolled back and reset before the next closure.
     pub async fn transaction<T, E, F>(&self, f: F) -> Result<T, E>
     where
         F: FnOnce(&mut SqliteConnection) -> Result<T, E> + Send + 'static,

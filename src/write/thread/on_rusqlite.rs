@@ -32,9 +32,18 @@ use crate::recorder::WriteStage;
 ///   while one ran. Each closure is its own SQLite transaction, all-or-nothing and blind to
 ///   another's failure. After a failed sync of the WAL the file is refused every write until
 ///   the process restarts (the [write module's](crate::write#group-commit) "Group commit").
-/// - **Deadline and cancellation**: a closure whose request's deadline passes, or whose caller
-///   stopped waiting, before its turn never runs; one that began runs to its end, and is
-///   counted whether or not anyone hears of it.
+/// - **Deadline and cancellation**: the caller is answered at its request's deadline, by a
+///   timer of its own, whatever the writer thread is doing; a closure that has not begun by
+///   then, or whose caller stopped waiting, never runs (and what it captured is freed at
+///   once). SQLite's wait for another process's lock ends at the deadline too. One that began
+///   runs to its end, and is counted whether or not anyone hears of it.
+/// - **A clean connection**: whatever a closure leaves (its transaction open, ended by a raw
+///   `COMMIT`, rolled back by SQLite after `SQLITE_FULL` or a trigger), the connection is
+///   rolled back to no transaction before the next; a transaction ended inside its closure
+///   fences its request.
+/// - **Bounded and visible**: at most 512 closures wait for the writer thread (past that a
+///   caller waits for room within its deadline); each is counted waiting for the turn from the
+///   moment it is sent. The whole list: `docs/write-path.md`, "Other drivers".
 ///
 /// Cloning is cheap: every clone hands its closures to the same thread. The threads end once
 /// the last clone is dropped and the closures sent before have run (and their fsync).
@@ -158,17 +167,21 @@ impl WriteThread {
     /// or the transaction's as a `rusqlite::Error`, which `DbError` and the classifiers take
     /// as any other:
     ///
-    /// - the turn not reached within the request's deadline: `SQLITE_BUSY` (retryable: the
-    ///   layer replays the request while its deadline allows); `f` never ran;
+    /// - the request's deadline passed before `f` began (waiting for the writer thread, for
+    ///   the turn, or for another process's lock in `BEGIN IMMEDIATE`): `SQLITE_BUSY`
+    ///   (retryable: the layer replays the request while its deadline allows); `f` never ran;
     /// - the fsync of the WAL failed, or an earlier one did (the file is refused):
     ///   `SQLITE_IOERR_FSYNC`, never retryable (committed, not known durable);
-    /// - `f` ended the transaction itself (a raw `COMMIT` or `ROLLBACK`), a second
-    ///   transaction begun while the request holds this database's turn, or the writer thread
+    /// - `f` returned `Ok` having ended the transaction itself (a raw `COMMIT` or
+    ///   `ROLLBACK`), `f` sent while the request holds this database's turn through a
+    ///   `WriteTransaction` or a `WriteTurn`, `f` panicked (rolled back), or the writer thread
     ///   gone: `SQLITE_MISUSE`.
     ///
-    /// A `COMMIT` that went through fences the current request (it is never replayed). If the
-    /// caller stops waiting (its future dropped) before `f` began, `f` never runs; once it
-    /// began, it runs to its end, and its transaction is counted.
+    /// A `COMMIT` that went through fences the current request (it is never replayed), and so
+    /// does a transaction that was over before `f` returned its error (it may have committed).
+    /// If the caller stops waiting (its future dropped) before `f` began, `f` never runs and is
+    /// dropped at once; once it began, it runs to its end, and its transaction is counted. A
+    /// request's second closure in flight waits behind its first.
     pub async fn transaction<T, E, F>(&self, f: F) -> Result<T, E>
     where
         F: FnOnce(&mut Transaction<'_>) -> Result<T, E> + Send + 'static,
