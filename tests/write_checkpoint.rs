@@ -1,4 +1,4 @@
-//! Checkpoints off the turn (`src/write/checkpoint.rs`): while group commit shares the fsync
+//! Checkpoints off the turn (`src/write/sqlx/checkpoint.rs`): while group commit shares the fsync
 //! (WAL at `FULL`, the defaults, writers queued), a `WritePool`'s writer connection leaves the
 //! WAL's checkpoints to a connection of its own, in the background, so that no `COMMIT`
 //! holding the turn copies the WAL into the database; its own automatic checkpoint stays as a

@@ -1,5 +1,5 @@
-//! A model check of the write path with `shuttle`: the crate's own `src/write/turn.rs`,
-//! `pool.rs`, `transaction.rs`, `session.rs`, `checkpoint.rs`, `group.rs`, `gate.rs` and `driver.rs`, included as they are, over a driver that
+//! A model check of the write path with `shuttle`: the crate's own `src/write/core/turn.rs`,
+//! and `src/write/sqlx/`'s `pool.rs`, `transaction.rs`, `session.rs`, `checkpoint.rs`, `group.rs`, `gate.rs` and `driver.rs`, included as they are, over a driver that
 //! models sqlx's SQLite worker (`Model` below), under thousands of schedules chosen at random
 //! and by PCT.
 //!
@@ -137,12 +137,6 @@ mod attempt {
     }
 }
 
-/// What the turn's holder and counts synchronize with: shuttle's, so that the scheduler sees
-/// them.
-mod sync {
-    pub(super) use shuttle::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-}
-
 /// The crate's `route` as the write path's counts see it: a request's method and template.
 mod route {
     pub(crate) struct Route {
@@ -197,38 +191,44 @@ mod classify {
 #[path = "../src/attempt/turns.rs"]
 mod turns;
 
-// The write path's files, as they are (their `super::` is this crate's root here).
-#[path = "../src/write/bound.rs"]
-mod bound;
-#[path = "../src/write/checkpoint.rs"]
-mod checkpoint;
-#[path = "../src/write/driver.rs"]
-mod driver;
-#[path = "../src/write/failed.rs"]
-mod failed;
-#[path = "../src/write/file_turn.rs"]
-mod file_turn;
-#[path = "../src/write/gate.rs"]
-mod gate;
-#[path = "../src/write/group.rs"]
-mod group;
-#[path = "../src/write/pool.rs"]
-mod pool;
-#[path = "../src/write/session.rs"]
-mod session;
-#[path = "../src/write/stats.rs"]
-mod stats;
-#[path = "../src/write/transaction.rs"]
-mod transaction;
-#[path = "../src/write/turn.rs"]
-mod turn;
-#[path = "../src/write/wal.rs"]
-mod wal;
+// The write path's files, as they are, in the crate's own tree (`crate::write::..`).
+#[path = "../src/write"]
+mod write {
+    pub mod core {
+        pub mod bound;
+        pub mod failed;
+        pub mod file_turn;
+        pub mod stats;
+        pub mod turn;
+
+        /// What the turn's holder and counts synchronize with: shuttle's, so that the scheduler
+        /// sees them.
+        pub mod sync {
+            pub(crate) use shuttle::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+        }
+    }
+    pub mod durable {
+        pub mod report;
+        pub mod wal;
+    }
+    pub mod sqlx {
+        pub mod checkpoint;
+        pub mod driver;
+        pub mod gate;
+        pub mod group;
+        pub mod pool;
+        pub mod session;
+        pub mod transaction;
+    }
+}
 
 use attempt::RequestState;
 use driver::Driver;
 use pool::WritePool;
 use transaction::Transaction;
+use write::core::failed;
+use write::durable::wal;
+use write::sqlx::{driver, gate, pool, transaction};
 
 // ---------------------------------------------------------------------------------------------
 // The model of sqlx's SQLite worker and of a database.

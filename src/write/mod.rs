@@ -479,63 +479,52 @@
     doc = "[group]: https://docs.rs/tower-sqlite-retry/latest/tower_sqlite_retry/write/struct.WritePool.html#method.group_commit"
 )]
 
-mod bound;
-mod checkpoint;
-mod driver;
-mod failed;
-mod file_turn;
-#[cfg(test)]
-mod file_turn_tests;
-mod gate;
-mod group;
-mod pool;
+// The module in layers, each importing only from those below it (`tests/layer/layering.rs`
+// holds it so; ARCHITECTURE.md draws it):
+//
+//   this file            the facade: the docs above and the public names below, nothing else
+//   queue.rs, sqlx/,     the front ends, beside each other: `WriteQueue` (the turn alone, for
+//   thread/              any driver), the sqlx path (`WritePool`: driver seam, pool, session,
+//                        transaction, its group commit and checkpoints), the writer thread
+//   durable/             what makes a commit durable, shared by the front ends: the WAL's
+//                        descriptor and its fsync, what a shared fsync reports and bounds
+//   core/                the file's turn: in this process (`turn.rs`) and between processes
+//                        (`file_turn.rs`), its counts (`stats.rs`), bounds and failures
+mod core;
+mod durable;
 mod queue;
-mod session;
-#[cfg(feature = "sqlite-write")]
 mod sqlx;
-mod stats;
 #[cfg(any(feature = "rusqlite-write", feature = "diesel-write"))]
 mod thread;
-mod transaction;
-mod turn;
-#[cfg(test)]
-mod turn_tests;
-mod wal;
-mod wrappers;
 
+pub use self::core::failed::GroupCommitFailed;
+pub use self::core::stats::WriteStats;
+pub use self::queue::{TurnError, WriteQueue, WriteTurn};
+pub use self::sqlx::pool::WriterConnection;
 #[cfg(feature = "sqlite-write")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite-write")))]
-pub use self::sqlx::{WritePool, WriteTransaction};
-pub use failed::GroupCommitFailed;
-pub use pool::WriterConnection;
-pub use queue::{TurnError, WriteQueue, WriteTurn};
-pub use stats::WriteStats;
+pub use self::sqlx::v0_9::{WritePool, WriteTransaction};
 #[cfg(any(feature = "rusqlite-write", feature = "diesel-write"))]
 #[cfg_attr(
     docsrs,
     doc(cfg(any(feature = "rusqlite-write", feature = "diesel-write")))
 )]
-pub use thread::WriteThreadOptions;
+pub use self::thread::WriteThreadOptions;
 #[cfg(feature = "diesel-write")]
 #[cfg_attr(docsrs, doc(cfg(feature = "diesel-write")))]
-pub use thread::on_diesel::DieselWriteThread;
+pub use self::thread::on_diesel::DieselWriteThread;
 #[cfg(feature = "rusqlite-write")]
 #[cfg_attr(docsrs, doc(cfg(feature = "rusqlite-write")))]
-pub use thread::on_rusqlite::WriteThread;
+pub use self::thread::on_rusqlite::WriteThread;
 
 /// The one implementation of the write path, generic over the driver: what
 /// `tower-sqlite-retry-sqlx08` builds sqlx 0.8's `WritePool` on, through `crate::__private`.
 pub(crate) mod shared {
-    pub use super::driver::{
+    pub use super::sqlx::driver::{
         AUTOCHECKPOINT_SQL, CHECKPOINT_SQL, CHECKPOINTER_BUSY_SQL, DURABILITY_SQL, Driver,
         RESTART_SQL, synchronous_pragma,
     };
-    pub use super::gate::CommitGate;
-    pub use super::pool::WritePool;
-    pub use super::transaction::Transaction;
-}
-
-/// The synchronization the turn's holder uses: std's here, shuttle's in the model check.
-mod sync {
-    pub(super) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+    pub use super::sqlx::gate::CommitGate;
+    pub use super::sqlx::pool::WritePool;
+    pub use super::sqlx::transaction::Transaction;
 }

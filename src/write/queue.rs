@@ -9,9 +9,9 @@ use std::time::Duration;
 use crate::attempt::current_request;
 use crate::recorder::WriteStage;
 
-use super::bound::bound;
-use super::stats::{SLOW_DEFAULT, WriteStats};
-use super::turn::{Queue, Turn};
+use crate::write::core::bound::bound;
+use crate::write::core::stats::{SLOW_DEFAULT, WriteStats};
+use crate::write::core::turn::{Queue, Turn};
 
 /// The write turn of one database file, for drivers the write path has no pool type for
 /// (sqlx 0.8, rusqlite, libSQL): wait for a [`WriteTurn`], begin `IMMEDIATE` with your driver,

@@ -1,6 +1,7 @@
 //! The crate reads top to bottom: no import circle between the files of `src/`, the
-//! classifiers import nothing from the write path or the layer, and the layer and the write
-//! path never import each other. The graph is read from the sources themselves (every
+//! classifiers import nothing from the write path or the layer, the layer and the write path
+//! never import each other, `write/` imports only downward through its layers (core, durable,
+//! the front ends, the facade), and nothing but the root imports `operation/`. The graph is read from the sources themselves (every
 //! `crate::`, `super::` and `self::` path, comments left out, a parent's `pub use self::..`
 //! re-exports of its children not counted: a facade sits above what it re-exports), so that a
 //! new import that closes a circle fails here, naming it.
@@ -404,6 +405,116 @@ fn the_layer_and_the_write_path_never_import_each_other() {
         wrong.is_empty(),
         "the layer and the write path import each other: {wrong:#?}"
     );
+}
+
+/// The write module's layers, bottom first (ARCHITECTURE.md, "Layering"): a file imports only
+/// from its own layer and those below it, and the front ends (layer 2) not from each other.
+const WRITE_LAYERS: [(&str, usize); 6] = [
+    ("write::core", 0),
+    ("write::durable", 1),
+    ("write::queue", 2),
+    ("write::sqlx", 2),
+    ("write::thread", 2),
+    ("write", 3),
+];
+
+/// The layer of a module of `write/` (its longest matching prefix), and that prefix.
+fn write_layer(module: &str) -> Option<(usize, &'static str)> {
+    WRITE_LAYERS
+        .iter()
+        .filter(|(prefix, _)| is_in(module, prefix))
+        .max_by_key(|(prefix, _)| prefix.len())
+        .map(|&(prefix, layer)| (layer, prefix))
+}
+
+/// The imports of `write/` that run upward, or across from one front end to another.
+fn write_imports_upward(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    edges
+        .iter()
+        .flat_map(|(from, to)| to.iter().map(move |to| (from, to)))
+        .filter_map(|(from, to)| {
+            let (from_layer, from_part) = write_layer(from)?;
+            let (to_layer, to_part) = write_layer(to)?;
+            let upward = to_layer > from_layer;
+            let across = to_layer == from_layer && from_layer == 2 && from_part != to_part;
+            (upward || across)
+                .then(|| format!("{from} (layer {from_layer}) -> {to} (layer {to_layer})"))
+        })
+        .collect()
+}
+
+#[test]
+fn the_write_module_imports_only_downward() {
+    let wrong = write_imports_upward(&graph(&src()));
+    assert!(
+        wrong.is_empty(),
+        "write/ imports upward (core < durable < the front ends queue, sqlx, thread < the \
+         facade), or from one front end into another: {wrong:#?}"
+    );
+}
+
+/// `operation/` (outside HTTP) sits beside the layer: it uses the layer's decision, policy and
+/// counters, the classifiers and the request core, and nothing of the write path; nothing but
+/// the crate's root imports it.
+#[test]
+fn operation_is_imported_by_nothing_and_imports_no_write_path() {
+    let edges = graph(&src());
+    let wrong: Vec<String> = edges
+        .iter()
+        .flat_map(|(from, to)| to.iter().map(move |to| (from, to)))
+        .filter(|(from, to)| {
+            (is_in(to, "operation") && !is_in(from, "operation"))
+                || (is_in(from, "operation") && is_in(to, "write"))
+        })
+        .map(|(from, to)| format!("{from} -> {to}"))
+        .collect();
+    assert!(wrong.is_empty(), "operation/'s place broken: {wrong:#?}");
+}
+
+/// The layers' check itself, on a tree made for it: an import from the bottom layer up to a
+/// front end, and one from a front end into another, are found; downward ones are not.
+#[test]
+fn the_layers_check_finds_an_upward_import() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path();
+    for folder in ["write", "write/core", "write/sqlx", "write/thread"] {
+        std::fs::create_dir_all(src.join(folder)).unwrap();
+    }
+    std::fs::write(src.join("lib.rs"), "mod write;\n").unwrap();
+    std::fs::write(
+        src.join("write/mod.rs"),
+        "mod core;\nmod sqlx;\nmod thread;\n",
+    )
+    .unwrap();
+    std::fs::write(src.join("write/core/mod.rs"), "pub(crate) mod turn;\n").unwrap();
+    std::fs::write(src.join("write/sqlx/mod.rs"), "pub(crate) mod pool;\n").unwrap();
+    std::fs::write(
+        src.join("write/thread/mod.rs"),
+        "use crate::write::core::turn::Turn;\n",
+    )
+    .unwrap();
+    std::fs::write(
+        src.join("write/sqlx/pool.rs"),
+        "use crate::write::core::turn::Turn;\n",
+    )
+    .unwrap();
+    std::fs::write(src.join("write/core/turn.rs"), "pub struct Turn;\n").unwrap();
+    assert!(
+        write_imports_upward(&graph(src)).is_empty(),
+        "downward only"
+    );
+    std::fs::write(
+        src.join("write/core/turn.rs"),
+        "pub struct Turn(crate::write::sqlx::pool::Pool);\n",
+    )
+    .unwrap();
+    std::fs::write(
+        src.join("write/thread/mod.rs"),
+        "use crate::write::sqlx::pool::Pool;\n",
+    )
+    .unwrap();
+    let wrong = write_imports_upward(&graph(src));
+    assert_eq!(wrong.len(), 2, "{wrong:#?}");
 }
 
 /// The reader itself: a circle of three files, written the ways the crate's files write

@@ -131,7 +131,7 @@ async fn a_commit_returns_only_after_an_fsync_that_started_after_it() {
 /// Then all 513 are answered `Ok`, and later transactions share again.
 #[tokio::test]
 async fn past_the_bound_a_stalled_fsync_holds_writers_back() {
-    const BOUND: usize = 512; // `MAX_UNANSWERED` in `src/write/group.rs`
+    const BOUND: usize = 512; // `MAX_UNANSWERED` in `src/write/durable/report.rs`
     let db = TestDb::new();
     let pool = pool_of(full(&db), Duration::from_secs(30)).await;
     let writes = WritePool::new(pool.clone());

@@ -399,7 +399,7 @@ async fn a_committed_closure_is_answered_only_after_its_fsync() {
 /// until the fsync answers them. Then all 513 are answered `Ok`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_bound_a_stalled_fsync_holds_the_writer_back() {
-    const BOUND: usize = 512; // `MAX_UNANSWERED` in `src/write/group.rs`
+    const BOUND: usize = 512; // `MAX_UNANSWERED` in `src/write/durable/report.rs`
     let db = TestDb::new();
     let writes = writer(&db).await;
     assert!(tower_sqlite_retry::__private::hold_thread_fsync(

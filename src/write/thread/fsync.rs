@@ -14,10 +14,10 @@ use std::thread::JoinHandle;
 
 use tokio::time::Instant;
 
-use super::super::failed::GroupCommitFailed;
-use super::super::group::{MAX_UNANSWERED, report_stop, report_sync, stop_reason};
-use super::super::turn::Queue;
-use super::super::wal::Wal;
+use crate::write::core::failed::GroupCommitFailed;
+use crate::write::core::turn::Queue;
+use crate::write::durable::report::{MAX_UNANSWERED, report_stop, report_sync, stop_reason};
+use crate::write::durable::wal::Wal;
 
 /// What a committed closure's caller is told once its fsync ran.
 pub(super) type Deliver = Box<dyn FnOnce(Result<(), GroupCommitFailed>) + Send>;

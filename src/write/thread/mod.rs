@@ -33,7 +33,7 @@
 //!   thread syncs the WAL itself, as SQLite's `COMMIT` at `FULL` would, without the hand-off
 //!   to the fsync thread and back. Each closure is its own SQLite transaction:
 //!   all-or-nothing, and blind to another's failure. After a failed sync of the WAL the file is
-//!   refused every write until the process restarts, as on the sqlx path (`mod.rs`, "Group
+//!   refused every write until the process restarts, as on the sqlx path (`write/mod.rs`, "Group
 //!   commit").
 //! - **Every wait ends by the caller's deadline.** A closure waits in the writer thread's
 //!   inbox (`inbox.rs`), then for the turn, then for SQLite's lock (another process's write,
@@ -95,9 +95,9 @@ use tokio::time::Instant;
 use crate::attempt::current_request;
 use crate::recorder::{self, WriteStage};
 
-use super::failed::GroupCommitFailed;
-use super::stats::WriteStats;
-use super::turn::Queue;
+use crate::write::core::failed::GroupCommitFailed;
+use crate::write::core::stats::WriteStats;
+use crate::write::core::turn::Queue;
 
 mod block;
 mod fsync;
@@ -202,7 +202,7 @@ impl Default for WriteThreadOptions {
             busy_timeout: Duration::from_secs(5),
             group_commit: true,
             full: true,
-            slow: Some(super::stats::SLOW_DEFAULT),
+            slow: Some(crate::write::core::stats::SLOW_DEFAULT),
         }
     }
 }

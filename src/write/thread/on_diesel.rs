@@ -13,10 +13,10 @@ use diesel::connection::{
 use diesel::result::{ConnectionError, DatabaseErrorKind, Error};
 use diesel::sqlite::SqliteConnection;
 
-use super::super::failed::GroupCommitFailed;
-use super::super::stats::WriteStats;
 use super::{Core, Errors, Owned, Ran, WriteThreadOptions};
 use crate::recorder::WriteStage;
+use crate::write::core::failed::GroupCommitFailed;
+use crate::write::core::stats::WriteStats;
 
 /// The text SQLite gives every `SQLITE_IOERR*` (`sqlite3ErrStr`), which Diesel passes on as the
 /// message of an `Unknown` database error: a `COMMIT` that met it may have failed to sync the

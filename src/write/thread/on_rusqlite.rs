@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use rusqlite::{Connection, DropBehavior, Transaction, TransactionBehavior};
 
-use super::super::failed::GroupCommitFailed;
-use super::super::stats::WriteStats;
 use super::{Core, Errors, Owned, Ran, WriteThreadOptions};
 use crate::recorder::WriteStage;
+use crate::write::core::failed::GroupCommitFailed;
+use crate::write::core::stats::WriteStats;
 
 /// The writer thread of one SQLite database file, for rusqlite: write transactions run on it,
 /// one after the other, each a closure given the transaction (`BEGIN IMMEDIATE` already run).

@@ -28,14 +28,14 @@ use tokio::time::Instant;
 use crate::attempt::RequestState;
 use crate::recorder::{self, WriteStage};
 
-use super::super::failed::GroupCommitFailed;
-use super::super::turn::{Queue, Queued};
 use super::block::block_until;
 use super::fsync::Fsync;
 use super::hand_off::Next;
 use super::inbox::Inbox;
 use super::progress::{Note, Progress};
 use super::{Errors, Job, Owned, Ran, WriteThreadOptions};
+use crate::write::core::failed::GroupCommitFailed;
+use crate::write::core::turn::{Queue, Queued};
 
 /// What comes with a closure from its caller.
 pub(super) struct Sent {
@@ -131,7 +131,7 @@ impl<C: Owned> Writer<C> {
         request: &Option<Arc<RequestState>>,
         deadline: Option<Instant>,
         since: std::time::Instant,
-    ) -> Option<super::super::turn::Turn> {
+    ) -> Option<crate::write::core::turn::Turn> {
         if let Some(turn) = self
             .queue
             .try_take_for_thread(request.clone(), self.slow, since)

@@ -59,7 +59,7 @@
 //!   still bounds the WAL: the writer connection's `COMMIT` checkpoints past it, as before.
 //! - One checkpoint at a time; a commit that finds one running starts none.
 
-use super::sync::{AtomicBool, AtomicU64, Ordering};
+use crate::write::core::sync::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -77,7 +77,7 @@ const FIRST_GUESS: u64 = 16;
 const SIXTEENTHS: u64 = 16;
 
 /// The background checkpointer of one database's writer connection.
-pub(super) struct Checkpoints<D: Driver> {
+pub(crate) struct Checkpoints<D: Driver> {
     /// Where the checkpointing connection comes from (the writer connection's opener).
     pool: D::Pool,
     /// The checkpointer's own connection between two checkpoints (`None` before the first,
@@ -111,7 +111,7 @@ impl<D: Driver> Checkpoints<D> {
     /// while the fsync is shared: `conn`'s `wal_autocheckpoint` is on and below the backstop
     /// (the caller knows it is the writer connection of group commit's shared fsync). Nothing
     /// changes on `conn` here: see [`pages_at`](Self::pages_at).
-    pub(super) async fn take_over(
+    pub(crate) async fn take_over(
         conn: &mut D::Connection,
         pool: &D::Pool,
         syncs: Arc<Syncs<D>>,
@@ -138,7 +138,7 @@ impl<D: Driver> Checkpoints<D> {
     /// it: the backstop while it runs at `NORMAL` (its fsync shared, its checkpoints left to
     /// this checkpointer); the database's own threshold at the pool's level (a writer alone,
     /// whose `COMMIT` syncs in the turn anyway: checkpoints as SQLite schedules them).
-    pub(super) fn pages_at(&self, level: u8) -> u32 {
+    pub(crate) fn pages_at(&self, level: u8) -> u32 {
         if level == NORMAL {
             BACKSTOP_PAGES
         } else {
@@ -148,7 +148,7 @@ impl<D: Driver> Checkpoints<D> {
 
     /// A transaction that shared the fsync committed on the writer connection: starts a
     /// checkpoint when the commits since the last one wrote about a threshold's worth.
-    pub(super) fn committed(self: &Arc<Self>) {
+    pub(crate) fn committed(self: &Arc<Self>) {
         if self.closed.load(Ordering::Acquire) {
             return;
         }
@@ -169,7 +169,7 @@ impl<D: Driver> Checkpoints<D> {
     /// The pool closes: no checkpoint starts from now on, the one running (if any) ends, and
     /// the checkpointer's connection is closed, so that none of the pool's connections is left
     /// open on the file (the last one to close checkpoints the WAL and removes it).
-    pub(super) async fn close(&self) {
+    pub(crate) async fn close(&self) {
         self.closed.store(true, Ordering::Release);
         loop {
             let ended = self.idle.notified();

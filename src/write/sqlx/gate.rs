@@ -58,13 +58,13 @@ impl CommitGate {
     }
 
     /// A transaction begins: nothing admitted or refused yet.
-    pub(super) fn reset(&self) {
+    pub(crate) fn reset(&self) {
         self.open.store(false, Ordering::Release);
         self.refused.store(false, Ordering::Release);
     }
 
     /// The write path is about to send its `COMMIT`.
-    pub(super) fn open(&self) {
+    pub(crate) fn open(&self) {
         self.open.store(true, Ordering::Release);
     }
 
@@ -72,7 +72,7 @@ impl CommitGate {
     /// refused since the transaction began, and whether the hook was not asked (still open:
     /// the handler replaced or removed it through `lock_handle()`, or the `COMMIT` failed
     /// before SQLite asks it) and must be set again.
-    pub(super) fn close(&self) -> Closed {
+    pub(crate) fn close(&self) -> Closed {
         let unasked = self.open.swap(false, Ordering::AcqRel);
         Closed {
             refused: self.refused.load(Ordering::Acquire),
@@ -83,9 +83,9 @@ impl CommitGate {
 
 /// What [`CommitGate::close`] found.
 #[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Closed {
+pub(crate) struct Closed {
     /// A commit the write path did not send was refused.
-    pub(super) refused: bool,
+    pub(crate) refused: bool,
     /// The hook was not asked during the write path's `COMMIT`.
-    pub(super) unasked: bool,
+    pub(crate) unasked: bool,
 }

@@ -15,8 +15,8 @@ use super::checkpoint::Checkpoints;
 use super::driver::Driver;
 use super::gate::CommitGate;
 use super::group::Syncs;
-use super::stats::{SLOW_DEFAULT, WriteStats};
-use super::turn::Queue;
+use crate::write::core::stats::{SLOW_DEFAULT, WriteStats};
+use crate::write::core::turn::Queue;
 
 /// Which connection a `WritePool`'s write transactions begin on.
 ///
@@ -39,8 +39,8 @@ pub struct WritePool<D: Driver> {
 }
 
 /// What every clone of one `WritePool`, and every transaction it began, shares.
-pub(super) struct Shared<D: Driver> {
-    pub(super) pool: D::Pool,
+pub(crate) struct Shared<D: Driver> {
+    pub(crate) pool: D::Pool,
     /// Opens the writer connection (a pool of one with `pool`'s options and hooks); `None`:
     /// write transactions take their connection from `pool`.
     opener: Option<D::Pool>,
@@ -48,14 +48,14 @@ pub(super) struct Shared<D: Driver> {
     /// first write transaction.
     target: OnceCell<Target<D>>,
     /// A write transaction that holds the turn this long is reported (a WARN).
-    pub(super) slow: Option<Duration>,
+    pub(crate) slow: Option<Duration>,
     /// Whether group commit is on (it shares the fsync only where it can: `level_for`).
-    pub(super) group: bool,
+    pub(crate) group: bool,
 }
 
 /// The database a `WritePool` writes to, as SQLite named it.
-pub(super) struct Target<D: Driver> {
-    pub(super) queue: Arc<Queue>,
+pub(crate) struct Target<D: Driver> {
+    pub(crate) queue: Arc<Queue>,
     /// The writer connection between two write transactions (`None` inside: before the first,
     /// while one runs, or after a failure closed it): `Some` when transactions run on a
     /// connection of the `WritePool`'s own. Only the turn's holder takes it, so its lock is
@@ -64,15 +64,15 @@ pub(super) struct Target<D: Driver> {
     /// Group commit's shared fsync: `Some` when the writer connection's commits may leave their
     /// fsync to it (group commit on, WAL, `synchronous` `FULL` or `EXTRA`: the writer
     /// connection then runs at `NORMAL` while other writers wait).
-    pub(super) syncs: Option<Arc<Syncs<D>>>,
+    pub(crate) syncs: Option<Arc<Syncs<D>>>,
     /// The write path's commit hook (`gate.rs`): on the writer connection, `Some` when the
     /// driver could set it; with the pool's connections, always (set for each transaction,
     /// where the driver has one).
-    pub(super) gate: Option<Arc<CommitGate>>,
+    pub(crate) gate: Option<Arc<CommitGate>>,
     /// The background checkpointer (`checkpoint.rs`): `Some` when it took the writer
     /// connection's automatic checkpoints over (group commit sharing the fsync,
     /// `wal_autocheckpoint` on).
-    pub(super) checkpoints: Option<Arc<Checkpoints<D>>>,
+    pub(crate) checkpoints: Option<Arc<Checkpoints<D>>>,
 }
 
 impl<D: Driver> Clone for WritePool<D> {
@@ -155,7 +155,7 @@ impl<D: Driver> WritePool<D> {
     }
 
     /// What every clone of this pool shares (a transaction begins from it).
-    pub(super) fn shared(&self) -> &Arc<Shared<D>> {
+    pub(crate) fn shared(&self) -> &Arc<Shared<D>> {
         &self.shared
     }
 
@@ -195,12 +195,12 @@ impl<D: Driver> WritePool<D> {
 
 impl<D: Driver> Shared<D> {
     /// The database this pool writes to, asked of SQLite once.
-    pub(super) async fn target(&self) -> Result<&Target<D>, D::Error> {
+    pub(crate) async fn target(&self) -> Result<&Target<D>, D::Error> {
         self.target.get_or_try_init(|| self.resolve()).await
     }
 
     /// The database this pool writes to, if it was asked already.
-    pub(super) fn known_target(&self) -> Option<&Target<D>> {
+    pub(crate) fn known_target(&self) -> Option<&Target<D>> {
         self.target.get()
     }
 
@@ -268,13 +268,13 @@ impl<D: Driver> Shared<D> {
     }
 
     /// The writer connection, if this pool has one and it is idle (the turn's holder asks).
-    pub(super) fn idle_writer(&self, target: &Target<D>) -> Option<Conn<D>> {
+    pub(crate) fn idle_writer(&self, target: &Target<D>) -> Option<Conn<D>> {
         target.take_writer().map(Conn::Own)
     }
 
     /// A connection for a write transaction, in its turn: the writer connection (opened if
     /// there is none), or one from the pool.
-    pub(super) async fn connection(&self, target: &Target<D>) -> Result<Conn<D>, D::Error> {
+    pub(crate) async fn connection(&self, target: &Target<D>) -> Result<Conn<D>, D::Error> {
         let (Some(_), Some(opener)) = (&target.writer, &self.opener) else {
             return Ok(Conn::Pooled(D::acquire(&self.pool).await?));
         };
@@ -299,7 +299,7 @@ impl<D: Driver> Shared<D> {
 
     /// The connection back where it came from if `clean` (no transaction left on it);
     /// closed otherwise (the next writer opens another).
-    pub(super) fn give_back(&self, conn: Conn<D>, clean: bool) {
+    pub(crate) fn give_back(&self, conn: Conn<D>, clean: bool) {
         let clean = clean && D::depth(&conn) == 0;
         match conn {
             Conn::Pooled(conn) if clean => drop(conn),
@@ -326,7 +326,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The connection a write transaction runs on.
-pub(super) enum Conn<D: Driver> {
+pub(crate) enum Conn<D: Driver> {
     /// The pool's (`WriterConnection::FromPool`, or an in-memory database).
     Pooled(D::Pooled),
     /// The `WritePool`'s own, back to its `Target::writer`.

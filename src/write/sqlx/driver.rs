@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::failed::GroupCommitFailed;
 use super::gate::CommitGate;
-use super::wal::{SyncError, Wal};
 use crate::classify::Retryable;
+use crate::write::core::failed::GroupCommitFailed;
+use crate::write::durable::wal::{SyncError, Wal};
 
 /// The query [`Driver::durability`] runs: the journal mode and the `synchronous` level.
 pub const DURABILITY_SQL: &str = "SELECT (SELECT journal_mode FROM pragma_journal_mode), \

@@ -60,7 +60,7 @@ pub enum SyncError {
 impl SyncError {
     /// Whether the disk (or the file system) refused the WAL: what stops group commit and
     /// refuses the file's writes.
-    pub(super) fn is_the_disks(&self) -> bool {
+    pub(crate) fn is_the_disks(&self) -> bool {
         !matches!(self, SyncError::NotRun(_))
     }
 }
@@ -157,7 +157,7 @@ mod os {
 
     use super::Identity;
 
-    pub(super) fn of_file(file: &File) -> io::Result<Identity> {
+    pub(crate) fn of_file(file: &File) -> io::Result<Identity> {
         let meta = file.metadata()?;
         Ok(Identity {
             device: meta.dev(),
@@ -165,7 +165,7 @@ mod os {
         })
     }
 
-    pub(super) fn at_path(path: &Path) -> io::Result<Identity> {
+    pub(crate) fn at_path(path: &Path) -> io::Result<Identity> {
         let meta = std::fs::metadata(path)?;
         Ok(Identity {
             device: meta.dev(),
@@ -173,12 +173,12 @@ mod os {
         })
     }
 
-    pub(super) fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    pub(crate) fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
         std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
     }
 
     /// SQLite's `UNIXFILE_DIRSYNC`: the directory synced once, its result ignored.
-    pub(super) fn sync_directory(path: &Path) {
+    pub(crate) fn sync_directory(path: &Path) {
         let dir = match path.parent() {
             Some(dir) if !dir.as_os_str().is_empty() => dir,
             _ => Path::new("."),
@@ -209,16 +209,16 @@ mod os {
         }
     }
 
-    pub(super) fn of_file(file: &File) -> io::Result<Identity> {
+    pub(crate) fn of_file(file: &File) -> io::Result<Identity> {
         let handle = same_file::Handle::from_file(file.try_clone()?)?;
         Ok(identity(&handle))
     }
 
-    pub(super) fn at_path(path: &Path) -> io::Result<Identity> {
+    pub(crate) fn at_path(path: &Path) -> io::Result<Identity> {
         Ok(identity(&same_file::Handle::from_path(path)?))
     }
 
-    pub(super) fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    pub(crate) fn read_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let mut done = 0;
         while done < buf.len() {
             let offset = offset + done as u64;
@@ -231,7 +231,7 @@ mod os {
     }
 
     /// Windows has no directory sync (NTFS journals its metadata).
-    pub(super) fn sync_directory(_: &Path) {}
+    pub(crate) fn sync_directory(_: &Path) {}
 }
 
 #[cfg(not(any(unix, windows)))]
@@ -242,20 +242,20 @@ mod os {
 
     use super::Identity;
 
-    pub(super) fn of_file(_: &File) -> io::Result<Identity> {
+    pub(crate) fn of_file(_: &File) -> io::Result<Identity> {
         Ok(Identity { device: 0, file: 0 })
     }
 
     /// No identity to compare on this platform: the file at the path must at least exist.
-    pub(super) fn at_path(path: &Path) -> io::Result<Identity> {
+    pub(crate) fn at_path(path: &Path) -> io::Result<Identity> {
         std::fs::metadata(path).map(|_| Identity { device: 0, file: 0 })
     }
 
-    pub(super) fn read_at(_: &File, _: &mut [u8], _: u64) -> io::Result<()> {
+    pub(crate) fn read_at(_: &File, _: &mut [u8], _: u64) -> io::Result<()> {
         Err(io::ErrorKind::Unsupported.into())
     }
 
-    pub(super) fn sync_directory(_: &Path) {}
+    pub(crate) fn sync_directory(_: &Path) {}
 }
 
 #[cfg(test)]

@@ -23,19 +23,19 @@
 
 use std::sync::Arc;
 
-use super::bound::{bound, within};
 use super::checkpoint::Checkpoints;
 use super::driver::Driver;
 use super::gate::CommitGate;
 use super::group::Syncs;
 use super::pool::{Conn, Shared, Target};
-use super::turn::Turn;
+use crate::write::core::bound::{bound, within};
+use crate::write::core::turn::Turn;
 
 /// How deep a transaction's savepoints are rolled back before its connection is given up.
 const MAX_DEPTH: usize = 64;
 
 /// The connection, the turn and their home, settled once (see the module docs).
-pub(super) struct Session<D: Driver> {
+pub(crate) struct Session<D: Driver> {
     /// `None` once settled. NOTE: declared before `turn`, so that when `Drop` has given the
     /// connection back the turn goes on after it.
     conn: Option<Conn<D>>,
@@ -44,7 +44,7 @@ pub(super) struct Session<D: Driver> {
 }
 
 impl<D: Driver> Session<D> {
-    pub(super) fn new(conn: Conn<D>, turn: Turn, home: Arc<Shared<D>>) -> Self {
+    pub(crate) fn new(conn: Conn<D>, turn: Turn, home: Arc<Shared<D>>) -> Self {
         Self {
             conn: Some(conn),
             turn,
@@ -53,15 +53,15 @@ impl<D: Driver> Session<D> {
     }
 
     /// The connection (until settled, which consumes the session).
-    pub(super) fn conn(&self) -> &Conn<D> {
+    pub(crate) fn conn(&self) -> &Conn<D> {
         self.conn.as_ref().expect("a session is live until settled")
     }
 
-    pub(super) fn conn_mut(&mut self) -> &mut Conn<D> {
+    pub(crate) fn conn_mut(&mut self) -> &mut Conn<D> {
         self.conn.as_mut().expect("a session is live until settled")
     }
 
-    pub(super) fn turn(&self) -> &Turn {
+    pub(crate) fn turn(&self) -> &Turn {
         &self.turn
     }
 
@@ -77,28 +77,28 @@ impl<D: Driver> Session<D> {
     /// The commit hook of the write path's connections, if the driver has one: set for good
     /// on the `WritePool`'s own connection, and for the transaction only on one of the
     /// pool's (`gate.rs`).
-    pub(super) fn gate(&self) -> Option<&Arc<CommitGate>> {
+    pub(crate) fn gate(&self) -> Option<&Arc<CommitGate>> {
         self.home.known_target()?.gate.as_ref()
     }
 
     /// Whether the connection is one of the pool's (it goes back to the pool).
-    pub(super) fn is_pooled(&self) -> bool {
+    pub(crate) fn is_pooled(&self) -> bool {
         matches!(self.conn(), Conn::Pooled(_))
     }
 
     /// Group commit's shared fsync, if the connection is the `WritePool`'s own and has one.
-    pub(super) fn syncs(&self) -> Option<&Arc<Syncs<D>>> {
+    pub(crate) fn syncs(&self) -> Option<&Arc<Syncs<D>>> {
         self.own_target()?.syncs.as_ref()
     }
 
     /// The background checkpointer, if the connection is the `WritePool`'s own and it took
     /// the connection's checkpoints over.
-    pub(super) fn checkpoints(&self) -> Option<&Arc<Checkpoints<D>>> {
+    pub(crate) fn checkpoints(&self) -> Option<&Arc<Checkpoints<D>>> {
         self.own_target()?.checkpoints.as_ref()
     }
 
     /// Rolls back every level still open (acknowledged); whether the connection is at depth 0.
-    pub(super) async fn roll_back_all(&mut self) -> bool {
+    pub(crate) async fn roll_back_all(&mut self) -> bool {
         let conn = self.conn_mut();
         for _ in 0..MAX_DEPTH {
             if D::depth(conn) == 0 {
@@ -116,7 +116,7 @@ impl<D: Driver> Session<D> {
     /// the pool's, which goes back as it came (the gate is the write path's, and so is a hook
     /// a handler set on its transaction's connection). Whether it was done (a connection
     /// whose hook could not be set or removed is not clean).
-    pub(super) async fn guard_again(&mut self, gate: Option<&Arc<CommitGate>>) -> bool {
+    pub(crate) async fn guard_again(&mut self, gate: Option<&Arc<CommitGate>>) -> bool {
         if self.is_pooled() {
             return D::unguard_commits(self.conn_mut()).await.is_ok();
         }
@@ -130,7 +130,7 @@ impl<D: Driver> Session<D> {
 
     /// Sets the gate on one of the pool's connections for this transaction (the
     /// `WritePool`'s own has it for good): `Err` if it could not be set.
-    pub(super) async fn guard_pooled(&mut self) -> Result<(), D::Error> {
+    pub(crate) async fn guard_pooled(&mut self) -> Result<(), D::Error> {
         if !self.is_pooled() {
             return Ok(());
         }
@@ -142,13 +142,13 @@ impl<D: Driver> Session<D> {
 
     /// The outcome is known: the connection goes back (if `clean` and at depth 0; given up
     /// otherwise), then the turn goes on.
-    pub(super) fn settle(mut self, clean: bool) {
+    pub(crate) fn settle(mut self, clean: bool) {
         self.give_back(clean);
     }
 
     /// Dropped while its transaction may be open: sqlx's `Transaction::drop`, then its pool's
     /// release (see the module docs). Nobody waits for the outcome.
-    pub(super) fn abandon(mut self) {
+    pub(crate) fn abandon(mut self) {
         D::start_rollback(self.conn_mut());
         self.turn.release_request();
         let bound = bound(None, D::acquire_timeout(&self.home.pool));

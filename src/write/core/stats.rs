@@ -262,7 +262,7 @@ impl Drop for Waiting<'_> {
 
 /// A database's write turn, as it stands: the single writer's load.
 ///
-/// From `WritePool::stats` (feature `sqlite-write`) or [`WriteQueue::stats`](super::WriteQueue::stats).
+/// From `WritePool::stats` (feature `sqlite-write`) or [`WriteQueue::stats`](crate::write::WriteQueue::stats).
 /// Two readings give the turn's **utilization** over the time between them
 /// ([`utilization_since`](Self::utilization_since)): the share of that time a write
 /// transaction held the turn. At 1.0 the database is at its write limit: writers only wait

@@ -2,7 +2,7 @@
 //! What it promises and why (a transaction's outcome is its own, `commit()` is `Ok` only once
 //! an fsync that started after its `COMMIT` completed, what differs from `FULL` and only on a
 //! power loss, the refusal after a failed sync) is written once, in the write module's docs
-//! (`mod.rs`, "Group commit"); the descriptor it syncs is `wal.rs`'s.
+//! (`write/mod.rs`, "Group commit"); the descriptor it syncs is `wal.rs`'s.
 //!
 //! ```text
 //!  writer connection, synchronous = NORMAL           the shared fsync (one task at a time)
@@ -22,18 +22,19 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::oneshot;
 
 use super::driver::Driver;
-use super::failed::GroupCommitFailed;
-use super::turn::{Queue, Turn};
-use super::wal::{SyncError, Wal};
+use crate::write::core::failed::GroupCommitFailed;
+use crate::write::core::turn::{Queue, Turn};
+use crate::write::durable::report::{MAX_UNANSWERED, report_stop, report_sync, stop_reason};
+use crate::write::durable::wal::{SyncError, Wal};
 
 /// The shared fsync of one writer connection's WAL: transactions committed at `NORMAL` wait
 /// here for an fsync that started after their `COMMIT` returned.
-pub(super) struct Syncs<D: Driver> {
+pub(crate) struct Syncs<D: Driver> {
     /// The WAL's path, for the messages and for opening it.
     path: PathBuf,
     queue: Arc<Queue>,
@@ -51,15 +52,7 @@ pub(super) struct Syncs<D: Driver> {
 }
 
 /// `PRAGMA synchronous = NORMAL`.
-pub(super) const NORMAL: u8 = 1;
-
-/// How many committed transactions may wait, unanswered, for the shared fsync (those waiting
-/// and those the running fsync covers): past it, a transaction that begins runs at the pool's
-/// own level and its `COMMIT` fsyncs in the turn, as without group commit, so that a disk that
-/// stalls holds the writers back instead of letting every one of them commit (visible) without
-/// an answer. Far above what a working disk gathers (`BENCHMARKS.md`: the largest group under
-/// 256 writers).
-pub(super) const MAX_UNANSWERED: usize = 512;
+pub(crate) const NORMAL: u8 = 1;
 
 /// Who waits, and whether a sync task runs.
 #[derive(Default)]
@@ -87,52 +80,10 @@ fn lock(mutex: &Mutex<State>) -> MutexGuard<'_, State> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// What the commits a failed sync of the WAL stopped are told: `why`, and what to do.
-pub(super) fn stop_reason(why: &str) -> Arc<str> {
-    Arc::from(format!("{why}; {STOPPED_ADVICE}"))
-}
-
-/// A shared fsync stopped for good (a sync of the WAL at `wal` failed, `why`): counted, and
-/// said at ERROR, once per stop. The file's refusal is the caller's (`Queue::refuse`).
-/// An fsync of `queue`'s WAL ran for `members` committed transactions and took `took`:
-/// counted in its `WriteStats`, its metric recorded and its DEBUG event emitted, the same for
-/// the sqlx path's groups and the writer thread's. The group's number.
-pub(super) fn report_sync(queue: &Queue, members: usize, took: Duration, ok: bool) -> u64 {
-    let group = queue.counts().synced(members);
-    crate::recorder::write_group(queue.database(), members, took);
-    tracing::debug!(
-        db.namespace = %queue.database(),
-        db.write.group = group,
-        db.write.transactions = members,
-        db.write.fsync_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
-        db.write.fsync_ok = ok,
-        "group commit: an fsync of the WAL ran for the transactions waiting"
-    );
-    group
-}
-
-pub(super) fn report_stop(queue: &Queue, wal: &Path, why: &str) {
-    queue.counts().sync_failed();
-    crate::recorder::write_sync_failed(queue.database());
-    tracing::error!(
-        db.namespace = %queue.database(),
-        error.message = %why,
-        "group commit stopped: a sync of the WAL ({}) failed, and what it did not make \
-         durable cannot be told apart; the transactions waiting for an fsync fail, and \
-         so does every later write to the database; {STOPPED_ADVICE}",
-        wal.display()
-    );
-}
-
-/// What an operator does once the disk refused a write of the WAL.
-const STOPPED_ADVICE: &str = "writes to this database are refused until the process \
-     restarts (frames the failed sync did not make durable would take every later commit with \
-     them on a power loss); check the disk, then restart the process (SQLite recovers the WAL)";
-
 impl<D: Driver> Syncs<D> {
     /// The shared fsync of `database`'s WAL (`database`: the main file, as SQLite names it).
     /// Its descriptor is opened by [`attach`](Self::attach).
-    pub(super) fn new(database: &Path, queue: Arc<Queue>, level: u8) -> Arc<Self> {
+    pub(crate) fn new(database: &Path, queue: Arc<Queue>, level: u8) -> Arc<Self> {
         let mut wal = database.as_os_str().to_owned();
         wal.push("-wal");
         Arc::new(Self {
@@ -154,7 +105,7 @@ impl<D: Driver> Syncs<D> {
     /// once the WAL at the path is another file (SQLite deleted it when its last connection
     /// closed, and made it again) is it opened afresh. Call it once the connection has read
     /// the database (SQLite opened the WAL).
-    pub(super) fn attach(&self) {
+    pub(crate) fn attach(&self) {
         self.attached.fetch_add(1, Ordering::Relaxed);
         self.now.store(self.level, Ordering::Release);
         let kept = lock(&self.state).wal.clone();
@@ -188,7 +139,7 @@ impl<D: Driver> Syncs<D> {
     /// Asked by the turn's holder alone, which `_held` proves: the level it reads and swaps
     /// (`now`) is the writer connection's, and only the turn's holder has that connection, so
     /// no other transaction changes it between this answer and its `PRAGMA`.
-    pub(super) fn level_for(&self, _held: &Turn) -> (u8, Option<u8>) {
+    pub(crate) fn level_for(&self, _held: &Turn) -> (u8, Option<u8>) {
         let others_wait = self.queue.counts().has_waiting();
         let shared = {
             let state = lock(&self.state);
@@ -204,32 +155,32 @@ impl<D: Driver> Syncs<D> {
     }
 
     /// The turn of the database whose WAL this is.
-    pub(super) fn queue(&self) -> &Arc<Queue> {
+    pub(crate) fn queue(&self) -> &Arc<Queue> {
         &self.queue
     }
 
     /// The WAL header's checkpoint sequence number (it changes each time the WAL restarts),
     /// read through the kept descriptor; `None` if it cannot be read.
-    pub(super) fn wal_sequence(&self) -> Option<u32> {
+    pub(crate) fn wal_sequence(&self) -> Option<u32> {
         let wal = lock(&self.state).wal.clone()?;
         wal.checkpoint_sequence()
     }
 
     /// The writer connection's level is not known (being set, or setting it failed or was
     /// cancelled): set it next time.
-    pub(super) fn forget_level(&self) {
+    pub(crate) fn forget_level(&self) {
         self.now.store(u8::MAX, Ordering::Release);
     }
 
     /// The writer connection is at `level` (set, with what goes with it).
-    pub(super) fn known_level(&self, level: u8) {
+    pub(crate) fn known_level(&self, level: u8) {
         self.now.store(level, Ordering::Release);
     }
 
     /// A transaction's `COMMIT` returned: its place in the next fsync. Called with no await
     /// between the `COMMIT`'s answer and this, so that the fsync it waits for starts after.
     /// Once group commit stopped, told so at once.
-    pub(super) fn committed(self: &Arc<Self>) -> Pending<D> {
+    pub(crate) fn committed(self: &Arc<Self>) -> Pending<D> {
         let (tx, rx) = oneshot::channel();
         let start = {
             let mut state = lock(&self.state);
@@ -255,7 +206,7 @@ impl<D: Driver> Syncs<D> {
     /// transaction waiting is told `why`, later ones too; transactions begin at the pool's own
     /// level (each `COMMIT` SQLite's own); an ERROR event and the counter say so, once.
     /// Returns what the waiters are told.
-    pub(super) fn stop(&self, why: &str) -> Arc<str> {
+    pub(crate) fn stop(&self, why: &str) -> Arc<str> {
         let (first, waiting, stopped) = {
             let mut state = lock(&self.state);
             let first = state.stopped.is_none();
@@ -281,7 +232,7 @@ impl<D: Driver> Syncs<D> {
     /// so that every commit that went through is answered truthfully before the pool's
     /// connections close (the last to close removes the WAL, which an fsync still to run would
     /// then find gone). (While the test seam holds the fsync, until it lets go.)
-    pub(super) async fn drained(&self) {
+    pub(crate) async fn drained(&self) {
         loop {
             let ended = self.idle.notified();
             tokio::pin!(ended);
@@ -313,11 +264,11 @@ impl<D: Driver> Syncs<D> {
     /// Test seam: while `held`, no fsync starts, and every transaction shares it (commits at
     /// `NORMAL`, and waits).
     /// How many writer connections were attached (the test seam).
-    pub(super) fn attached(&self) -> u64 {
+    pub(crate) fn attached(&self) -> u64 {
         self.attached.load(Ordering::Relaxed)
     }
 
-    pub(super) fn hold(self: &Arc<Self>, held: bool) {
+    pub(crate) fn hold(self: &Arc<Self>, held: bool) {
         let start = {
             let mut state = lock(&self.state);
             state.held = held;
@@ -411,7 +362,7 @@ impl<D: Driver> Drop for Running<D> {
 }
 
 /// A committed transaction's wait for its fsync.
-pub(super) struct Pending<D: Driver> {
+pub(crate) struct Pending<D: Driver> {
     told: oneshot::Receiver<Synced>,
     syncs: Arc<Syncs<D>>,
 }
@@ -421,7 +372,7 @@ impl<D: Driver> Pending<D> {
     /// `COMMIT` under way is not): an fsync that runs or starts at once. With no task left to
     /// run it (no runtime, or one shutting down), it syncs the WAL's descriptor itself, on a
     /// blocking thread.
-    pub(super) async fn durable(self) -> Result<(), GroupCommitFailed> {
+    pub(crate) async fn durable(self) -> Result<(), GroupCommitFailed> {
         let Pending { told, syncs } = self;
         let why: Arc<str> = match told.await {
             Ok(Ok(())) => return Ok(()),

@@ -53,7 +53,7 @@ crate::__sqlx_driver! {
 /// [`writer`](Self::writer).
 ///
 /// Cloning is cheap (the pools, the writer connection and the queue are shared). See the
-/// [module docs](super) for why, for the rules, and for an example.
+/// [module docs](crate::write) for why, for the rules, and for an example.
 #[derive(Clone)]
 pub struct WritePool {
     inner: pool::WritePool<Sqlx>,

@@ -50,14 +50,14 @@ use tokio::time::Instant;
 use crate::attempt::{RequestState, current_request};
 use crate::recorder::{self, WriteStage};
 
-use super::bound::{bound, within};
 use super::driver::Driver;
-use super::failed::GroupCommitFailed;
 use super::gate::{Closed, CommitGate};
 use super::group::{NORMAL, Pending};
 use super::pool::{Shared, WritePool};
 use super::session::Session;
-use super::turn::Queue;
+use crate::write::core::bound::{bound, within};
+use crate::write::core::failed::GroupCommitFailed;
+use crate::write::core::turn::Queue;
 
 // A write transaction begins from the pool: here, so that the pool knows nothing of the
 // transaction built on it.
@@ -102,7 +102,7 @@ impl<D: Driver> Transaction<D> {
     /// pool's `acquire_timeout`: past either, [`Driver::timed_out`]. The current request
     /// already holding this database's turn with a transaction open: [`Driver::invalid`], at
     /// once (it would wait for itself).
-    pub(super) async fn begin(home: &Arc<Shared<D>>) -> Result<Self, D::Error> {
+    pub(crate) async fn begin(home: &Arc<Shared<D>>) -> Result<Self, D::Error> {
         // The step a failure is counted at: `turn` once the wait for it ended without it.
         let mut stage = WriteStage::Begin;
         let begun = Self::begin_at(home, &mut stage).await;
