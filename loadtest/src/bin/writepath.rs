@@ -31,6 +31,7 @@
 //! | `layer-write-read-limit` | `layer-write` (no groups) with the layer's default read limit (`ReadLimit::default()`: a read per core but one) while writers wait |
 //! | `layer-write-group-read-limit` | `layer-write-group` with the same read limit |
 //! | `layer-thread` | `SqliteRetryLayer` and rusqlite's write path (`WriteThread`, group commit on): the transaction a closure run on the writer thread; reads on the sqlx pool |
+//! | `layer-thread-read-limit` | `layer-thread` with the layer's default read limit while writers wait (closures waiting for the writer thread count) |
 //!
 //! **Client**: a closed loop (like `wrk`) of `--connections` keep-alive HTTP/1.1 connections in
 //! this process, each sending its next request when the previous answer is read; `--warmup`
@@ -116,6 +117,9 @@ enum Config {
     /// The layer and rusqlite's write path (`WriteThread`): the transaction a closure on the
     /// writer thread, group commit on; reads on the sqlx pool.
     LayerThread,
+    /// `layer-thread` with the layer's default read limit while writers wait (closures waiting
+    /// for the writer thread count as writers waiting).
+    LayerThreadReadLimit,
 }
 
 impl Config {
@@ -131,6 +135,7 @@ impl Config {
             Config::LayerWriteReadLimit => "layer-write-read-limit",
             Config::LayerWriteGroupReadLimit => "layer-write-group-read-limit",
             Config::LayerThread => "layer-thread",
+            Config::LayerThreadReadLimit => "layer-thread-read-limit",
         }
     }
 }
@@ -519,7 +524,7 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
             Config::LayerWriteGroup | Config::LayerWriteGroupReadLimit => {
                 Db::Write(WritePool::new(open_pool(path, pool_size).await?).group_commit(true))
             }
-            Config::LayerThread => {
+            Config::LayerThread | Config::LayerThreadReadLimit => {
                 let options = WriteThreadOptions::default();
                 let options = if FULL.load(std::sync::atomic::Ordering::Relaxed) {
                     options
@@ -576,13 +581,16 @@ fn serve(config: Config, path: &Path, args: &Args, prep_rounds: u64) -> ExitCode
                 | Config::LayerWriteReadLimit
                 | Config::LayerWriteGroupReadLimit
                 | Config::LayerThread
+                | Config::LayerThreadReadLimit
         ) {
             // The read limit is the layer's default: the configurations without one turn it
             // off, those with one set the default (a read per core but one).
             let mut layer = SqliteRetryLayer::new(RetryPolicy::default()).no_read_limit();
             if matches!(
                 config,
-                Config::LayerWriteReadLimit | Config::LayerWriteGroupReadLimit
+                Config::LayerWriteReadLimit
+                    | Config::LayerWriteGroupReadLimit
+                    | Config::LayerThreadReadLimit
             ) {
                 // For investigations: `WRITEPATH_READ_LIMIT` (reads at once) and
                 // `WRITEPATH_READ_WAIT_MS` (a held-back read's longest wait) instead of the

@@ -191,7 +191,7 @@ pub trait Driver: Send + Sync + Sized + 'static {
     /// failed (`Error::Io` around it, where the classifiers look for it).
     fn group_failed(failure: GroupCommitFailed) -> Self::Error;
 
-    /// Opens the WAL group commit syncs, read-write (`wal.rs`).
+    /// Opens the WAL group commit syncs, read-write (`durable/wal.rs`).
     fn open_wal(path: &Path) -> io::Result<Wal> {
         Wal::open(path)
     }

@@ -2,7 +2,7 @@
 //! What it promises and why (a transaction's outcome is its own, `commit()` is `Ok` only once
 //! an fsync that started after its `COMMIT` completed, what differs from `FULL` and only on a
 //! power loss, the refusal after a failed sync) is written once, in the write module's docs
-//! (`write/mod.rs`, "Group commit"); the descriptor it syncs is `wal.rs`'s.
+//! (`write/mod.rs`, "Group commit"); the descriptor it syncs is `durable/wal.rs`'s.
 //!
 //! ```text
 //!  writer connection, synchronous = NORMAL           the shared fsync (one task at a time)
@@ -100,7 +100,7 @@ impl<D: Driver> Syncs<D> {
 
     /// A writer connection was opened (at the pool's level): the WAL's descriptor, opened
     /// read-write with the first one, is kept for as long as the file at the WAL's path is
-    /// the one it has open (`wal.rs`), through any number of writer connections: a descriptor
+    /// the one it has open (`durable/wal.rs`), through any number of writer connections: a descriptor
     /// opened later would not hear a writeback error the kept one has yet to report. Only
     /// once the WAL at the path is another file (SQLite deleted it when its last connection
     /// closed, and made it again) is it opened afresh. Call it once the connection has read

@@ -20,7 +20,7 @@
 //! turn passes from one to the next on that thread with nothing in between.
 //!
 //! What stays as on the sqlx write path:
-//! - **The turn** is the file's (`turn.rs`): the writer thread takes it for each closure, so
+//! - **The turn** is the file's (`core/turn.rs`): the writer thread takes it for each closure, so
 //!   sqlx `WritePool`s and `WriteQueue`s on the same file take turns with it, first come first
 //!   served, and `WriteStats`, the slow-transaction report and the metrics count each closure
 //!   as one transaction.
