@@ -126,6 +126,10 @@ pub(crate) struct Disk {
     pub(crate) root: tempfile::TempDir,
     pub(crate) dir: PathBuf,
     pub(crate) durable: PathBuf,
+    /// For several processes writing its files at once: the shim's shared journals of dirty
+    /// ranges (`TSR_SHIM_SHARED`), so that a sync by any process makes every process's writes
+    /// durable, as the kernel's page cache does.
+    shared: Option<PathBuf>,
 }
 
 impl Disk {
@@ -135,7 +139,21 @@ impl Disk {
         let durable = root.path().join("durable");
         std::fs::create_dir(&dir).unwrap();
         std::fs::create_dir(&durable).unwrap();
-        Self { root, dir, durable }
+        Self {
+            root,
+            dir,
+            durable,
+            shared: None,
+        }
+    }
+
+    /// A disk that several processes write at once (see `shared`).
+    pub(crate) fn shared_by_processes() -> Self {
+        let mut disk = Self::new();
+        let shared = disk.root.path().join("journals");
+        std::fs::create_dir(&shared).unwrap();
+        disk.shared = Some(shared);
+        disk
     }
 
     /// The database's path ([`DB`] in the shim's directory).
@@ -178,6 +196,12 @@ impl Disk {
         if shm.exists() {
             std::fs::remove_file(shm).unwrap();
         }
+        // What was dirty went with the power.
+        if let Some(shared) = &self.shared {
+            for journal in std::fs::read_dir(shared).unwrap() {
+                std::fs::remove_file(journal.unwrap().path()).unwrap();
+            }
+        }
         shadowed
     }
 
@@ -216,6 +240,9 @@ impl Disk {
             .env("TSR_SHIM_DIR", &self.dir)
             .env("TSR_SHIM_DURABLE", &self.durable)
             .env("TSR_SHIM_FSYNC_DELAY_US", fsync_delay_us.to_string());
+        if let Some(shared) = &self.shared {
+            command.env("TSR_SHIM_SHARED", shared);
+        }
     }
 }
 

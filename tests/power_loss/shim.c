@@ -33,6 +33,10 @@
  *                               error, and that fsync reports it.
  *
  * TSR_SHIM_FSYNC_DELAY_US=n sleeps n µs in each fsync of a tracked file (a slower disk).
+ * TSR_SHIM_SHARED=<dir>: several processes write the same files (each under the shim): every
+ * dirty range is also appended to a journal per file in <dir>, and a sync by any process makes
+ * every process's ranges durable (as Linux's page cache is the inode's), the whole sync under
+ * the journal's lock. Writeback errors stay per process (the fault commands are for one).
  * TSR_SHIM_DEBUG set: `shim:` lines on stderr. Nothing is ever written to stdout.
  */
 #undef _FORTIFY_SOURCE
@@ -47,6 +51,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
@@ -90,6 +95,9 @@ static size_t dir_len;
 static char durable[PATH_MAX];
 static int debug;
 static long delay_us;
+/* TSR_SHIM_SHARED: a directory of dirty-range journals shared by every process under the shim
+ * (empty: each process keeps its own ranges only). */
+static char shared[PATH_MAX];
 
 typedef int (*open_fn)(const char *, int, ...);
 typedef int (*openat_fn)(int, const char *, int, ...);
@@ -176,6 +184,9 @@ static void init(void) {
     else if (dir_len && dir_len + 9 < sizeof durable)
         snprintf(durable, sizeof durable, "%s.durable", dir);
     debug = getenv("TSR_SHIM_DEBUG") != NULL;
+    const char *sh = getenv("TSR_SHIM_SHARED");
+    if (sh && sh[0] == '/' && strlen(sh) < sizeof shared)
+        strcpy(shared, sh);
     const char *us = getenv("TSR_SHIM_FSYNC_DELAY_US");
     delay_us = us ? atol(us) : 0;
     if (dir_len)
@@ -315,13 +326,40 @@ static void add_range(struct inode *in, uint64_t start, uint64_t end) {
     in->dirty[j].end = end;
 }
 
+/* The shared journal of `name`'s dirty ranges (TSR_SHIM_SHARED), opened for appending; -1 when
+ * there is none. */
+static int journal_open(const char *name) {
+    if (!shared[0])
+        return -1;
+    char jp[SHADOW_MAX];
+    snprintf(jp, sizeof jp, "%s/%s", shared, name);
+    return real_open()(jp, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+}
+
+/* Appends [start, end) to `name`'s shared journal, under its lock: the range is dirty for every
+ * process, which a sync by any of them makes durable (Linux's page cache is the inode's, not
+ * the writer's). */
+static void journal_add(const char *name, uint64_t start, uint64_t end) {
+    int j = journal_open(name);
+    if (j < 0)
+        return;
+    uint64_t rec[2] = {start, end};
+    flock(j, LOCK_EX);
+    if (real_write()(j, rec, sizeof rec) != (ssize_t)sizeof rec)
+        say("%s: a dirty range could not reach the shared journal", name);
+    flock(j, LOCK_UN);
+    real_close()(j);
+}
+
 static void dirty(int fd, uint64_t start, uint64_t end) {
     int idx = fd_inode(fd);
     if (!idx)
         return;
     pthread_mutex_lock(&lock);
-    if (fds[fd].inode == idx)
+    if (fds[fd].inode == idx) {
         add_range(&inodes[idx - 1], start, end);
+        journal_add(inodes[idx - 1].name, start, end);
+    }
     pthread_mutex_unlock(&lock);
 }
 
@@ -374,6 +412,12 @@ static void snapshot(struct inode *in, int fd) {
  * lock. */
 static void flush(struct inode *in, int fd) {
     size_t ranges = in->ndirty;
+    /* Shared: every process's ranges (its own among them), the whole sync under the journal's
+     * lock, so that two processes' syncs of one file never interleave (a stale size would cut
+     * what the other made durable). */
+    int journal = journal_open(in->name);
+    if (journal >= 0)
+        flock(journal, LOCK_EX);
     if (in->linked) {
         struct stat st;
         int src = -1, dst = -1;
@@ -387,6 +431,20 @@ static void flush(struct inode *in, int fd) {
                 if (in->dirty[i].start < end)
                     copy_range(src, dst, in->dirty[i].start, end);
             }
+            struct stat js;
+            if (journal >= 0 && fstat(journal, &js) == 0 && js.st_size >= 16) {
+                size_t n = (size_t)js.st_size / 16;
+                uint64_t *recs = malloc(n * 16);
+                if (recs && pread(journal, recs, n * 16, 0) == (ssize_t)(n * 16)) {
+                    for (size_t i = 0; i < n; i++) {
+                        uint64_t end = recs[2 * i + 1] < size ? recs[2 * i + 1] : size;
+                        if (recs[2 * i] < end)
+                            copy_range(src, dst, recs[2 * i], end);
+                    }
+                    ranges += n;
+                }
+                free(recs);
+            }
             real_ftruncate()(dst, st.st_size);
         } else {
             say("%s: the sync could not reach its shadow (errno %d)", in->name, errno);
@@ -397,6 +455,11 @@ static void flush(struct inode *in, int fd) {
             real_close()(dst);
     }
     in->ndirty = 0;
+    if (journal >= 0) {
+        real_ftruncate()(journal, 0);
+        flock(journal, LOCK_UN);
+        real_close()(journal);
+    }
     say("sync of %s: %zu dirty ranges made durable", in->name, ranges);
 }
 

@@ -348,30 +348,65 @@ async fn every_acknowledged_write_survives_power_loss_on_the_writer_thread() {
     .await;
 }
 
+/// Two processes writing one file at once (the turn between processes hands it from one to
+/// the other), the sqlx write path in one and the writer thread in the other, each at `FULL`
+/// with group commit, 32 clients each; both killed at the same random moment, then the power
+/// loss (the shim's sync makes every process's writes of the file durable, as the kernel's
+/// page cache does): every write either acknowledged is in the recovered file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acknowledged_write_of_two_processes_survives_power_loss() {
+    survives_power_loss_of(
+        "every_acknowledged_write_of_two_processes_survives_power_loss",
+        &["group-full", "thread-full"],
+        Disk::shared_by_processes(),
+    )
+    .await;
+}
+
 /// The kill rounds of the tests above, for the child's `config`.
 async fn survives_power_loss(test: &str, config: &str) {
+    survives_power_loss_of(test, &[config], Disk::new()).await;
+}
+
+/// The kill rounds, for one child per config, all on `disk`, the clients split between them.
+async fn survives_power_loss_of(test: &str, configs: &[&str], disk: Disk) {
     let Some(shim) = shim(test) else { return };
     let seed = harness::seed();
     eprintln!("{test}: seed {seed} (TSR_POWER_LOSS_SEED={seed} replays the kill times)");
     let mut rng = harness::Rng(seed);
-    let disk = Disk::new();
     create(&disk).await;
 
     let mut rounds = harness::Rounds::default();
+    let per_server = CLIENTS / configs.len() as i64;
     for round in 0..ROUNDS {
         // A slower disk every other round: bigger groups.
         let fsync_delay_us = if round % 2 == 0 { 0 } else { 1000 };
-        let mut server = ChildServer::start(config, &disk, shim, fsync_delay_us);
+        let mut servers: Vec<_> = configs
+            .iter()
+            .map(|config| ChildServer::start(config, &disk, shim, fsync_delay_us))
+            .collect();
         let book = Arc::new(Mutex::new(Book::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let base = i64::from(round + 1) * 1_000 * MAX_REQUESTS;
-        let clients = spawn_clients(server.addr, CLIENTS, base, &book, &stop);
+        let clients: Vec<_> = servers
+            .iter()
+            .enumerate()
+            .flat_map(|(i, server)| {
+                let base = base + i as i64 * per_server * MAX_REQUESTS;
+                spawn_clients(server.addr, per_server, base, &book, &stop)
+            })
+            .collect();
 
         let delay = Duration::from_millis(rng.between((200, 1500)));
         tokio::time::sleep(delay).await;
-        server.kill();
+        // The power goes for every process at once.
+        for server in &mut servers {
+            server.kill();
+        }
         stop.store(true, Ordering::Relaxed);
-        server.wait();
+        for server in servers {
+            server.wait();
+        }
         let joined =
             tokio::time::timeout(Duration::from_secs(60), futures::future::join_all(clients));
         for client in joined
@@ -404,7 +439,7 @@ async fn survives_power_loss(test: &str, config: &str) {
         }
         let lost = &found.lost;
         eprintln!(
-            "round {round} (fsync delay {fsync_delay_us} us, kill after {} ms): {} acknowledged, \
+            "round {round} ({configs:?}, fsync delay {fsync_delay_us} us, kill after {} ms): {} acknowledged, \
              {} of them lost; {} rows of the round after the power loss ({} after a mere crash: \
              {} committed rows lost to the power loss); unacknowledged writes: {inflight_kept} \
              kept, {inflight_lost} lost; shadows: {shadowed:?}",
@@ -424,6 +459,62 @@ async fn survives_power_loss(test: &str, config: &str) {
         );
     }
     rounds.finish(test, ROUNDS);
+}
+
+/// The control of the two-process test: the same shared disk, two processes at `NORMAL` with
+/// group commit off, writes acknowledged one after the other by each in turn, then SIGKILL and
+/// power loss: acknowledged writes are lost (the shared journals make no write durable that no
+/// sync reached).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_two_processes_at_normal_lose_acknowledged_writes() {
+    let test = "control_two_processes_at_normal_lose_acknowledged_writes";
+    let Some(shim) = shim(test) else { return };
+    let disk = Disk::shared_by_processes();
+    create(&disk).await;
+    let mut servers = [
+        ChildServer::start("alone-normal", &disk, shim, 0),
+        ChildServer::start("alone-normal", &disk, shim, 0),
+    ];
+    let client: Client<HttpConnector, Body> = Client::builder(TokioExecutor::new()).build_http();
+    let mut acked = BTreeSet::new();
+    for id in 1..=CONTROL_WRITES {
+        let server = &servers[(id % 2) as usize];
+        let request = http::Request::post(format!("http://{}/items/{id}", server.addr))
+            .body(Body::empty())
+            .unwrap();
+        let reply = tokio::time::timeout(Duration::from_secs(30), client.request(request))
+            .await
+            .expect("answered within 30 s")
+            .expect("answered");
+        assert_eq!(reply.status(), StatusCode::CREATED, "write {id}");
+        acked.insert(id);
+    }
+    for server in &mut servers {
+        server.kill();
+    }
+    for server in servers {
+        server.wait();
+    }
+    let crashed = rows_after_a_crash(&disk).await;
+    disk.power_loss();
+    let recovered = rows(&disk.db()).await;
+    let lost = acked
+        .iter()
+        .filter(|id| !recovered.contains_key(id))
+        .count();
+    eprintln!(
+        "{test}: {} acknowledged by two processes at NORMAL; {lost} lost to the power loss",
+        acked.len()
+    );
+    assert!(
+        acked.iter().all(|id| crashed.contains_key(id)),
+        "a process crash loses nothing"
+    );
+    assert!(
+        lost > 0,
+        "the simulated power loss lost no acknowledged write of two processes at NORMAL: the \
+         shared shim makes durable what no sync reached"
+    );
 }
 
 /// The control: at `NORMAL` with group commit off, nothing syncs the WAL before a checkpoint;
