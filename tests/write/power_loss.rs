@@ -461,6 +461,26 @@ async fn survives_power_loss_of(test: &str, configs: &[&str], disk: Disk) {
     rounds.finish(test, ROUNDS);
 }
 
+/// The controls' writes: `CONTROL_WRITES` of them, one after the other, each to the next of
+/// `servers` in turn, every one answered `201`: the ids acknowledged.
+async fn acknowledge_one_by_one(servers: &[ChildServer]) -> BTreeSet<i64> {
+    let client: Client<HttpConnector, Body> = Client::builder(TokioExecutor::new()).build_http();
+    let mut acked = BTreeSet::new();
+    for id in 1..=CONTROL_WRITES {
+        let server = &servers[id as usize % servers.len()];
+        let request = http::Request::post(format!("http://{}/items/{id}", server.addr))
+            .body(Body::empty())
+            .unwrap();
+        let reply = tokio::time::timeout(Duration::from_secs(30), client.request(request))
+            .await
+            .expect("answered within 30 s")
+            .expect("answered");
+        assert_eq!(reply.status(), StatusCode::CREATED, "write {id}");
+        acked.insert(id);
+    }
+    acked
+}
+
 /// The control of the two-process test: the same shared disk, two processes at `NORMAL` with
 /// group commit off, writes acknowledged one after the other by each in turn, then SIGKILL and
 /// power loss: acknowledged writes are lost (the shared journals make no write durable that no
@@ -475,20 +495,7 @@ async fn control_two_processes_at_normal_lose_acknowledged_writes() {
         ChildServer::start("alone-normal", &disk, shim, 0),
         ChildServer::start("alone-normal", &disk, shim, 0),
     ];
-    let client: Client<HttpConnector, Body> = Client::builder(TokioExecutor::new()).build_http();
-    let mut acked = BTreeSet::new();
-    for id in 1..=CONTROL_WRITES {
-        let server = &servers[(id % 2) as usize];
-        let request = http::Request::post(format!("http://{}/items/{id}", server.addr))
-            .body(Body::empty())
-            .unwrap();
-        let reply = tokio::time::timeout(Duration::from_secs(30), client.request(request))
-            .await
-            .expect("answered within 30 s")
-            .expect("answered");
-        assert_eq!(reply.status(), StatusCode::CREATED, "write {id}");
-        acked.insert(id);
-    }
+    let acked = acknowledge_one_by_one(&servers).await;
     for server in &mut servers {
         server.kill();
     }
@@ -527,19 +534,7 @@ async fn control_normal_loses_acknowledged_writes() {
     let disk = Disk::new();
     create(&disk).await;
     let mut server = ChildServer::start("alone-normal", &disk, shim, 0);
-    let client: Client<HttpConnector, Body> = Client::builder(TokioExecutor::new()).build_http();
-    let mut acked = BTreeSet::new();
-    for id in 1..=CONTROL_WRITES {
-        let request = http::Request::post(format!("http://{}/items/{id}", server.addr))
-            .body(Body::empty())
-            .unwrap();
-        let reply = tokio::time::timeout(Duration::from_secs(30), client.request(request))
-            .await
-            .expect("answered within 30 s")
-            .expect("answered");
-        assert_eq!(reply.status(), StatusCode::CREATED, "write {id}");
-        acked.insert(id);
-    }
+    let acked = acknowledge_one_by_one(std::slice::from_ref(&server)).await;
     server.kill();
     server.wait();
 
