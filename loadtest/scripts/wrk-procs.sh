@@ -14,6 +14,9 @@
 #   ROUNDS      rounds                                              [3]
 #   DURATION    seconds per cell (after a 1 s warm-up)              [4]
 #   BIN         a writepath binary built elsewhere (another commit's)
+#   KEEP        set: each cell's directory (servers' logs, wrk's output, the file) kept in OUT_DIR
+#   TURN_STATS  set: each server's write turn (transactions, time held, shared fsyncs) and its
+#               log's WARN count appended to OUT_DIR/turn-stats.txt, per cell
 #
 # Per cell: writes/s (the sum over the servers), the worst server's p99 and the longest
 # request (wrk's `Max`), non-2xx answers. Output: OUT_DIR/cells.tsv and OUT_DIR/summary.md
@@ -54,8 +57,10 @@ for round in $(seq 0 $((rounds - 1))); do
       # The first server seeds the file; the others open it once it is there.
       for s in $(seq 1 "$procs"); do
         mkfifo "$dir/stdin$s"
+        stats_args=()
+        [ -n "${TURN_STATS:-}" ] && stats_args=(--turn-stats "$dir/turn-stats$s")
         "$bin" --serve "$config" --db "$dir/db.sqlite" --pool-size 8 --synchronous "$sync" \
-          --prep-rounds 0 < "$dir/stdin$s" > "$dir/stdout$s" 2> "$dir/server$s.log" &
+          --prep-rounds 0 "${stats_args[@]}" < "$dir/stdin$s" > "$dir/stdout$s" 2> "$dir/server$s.log" &
         pids+=($!)
         eval "exec $((s + 2))> \"$dir/stdin$s\""
         for _ in $(seq 1 200); do grep -q listening "$dir/stdout$s" 2>/dev/null && break; sleep 0.05; done
@@ -104,7 +109,13 @@ assert c.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 assert objects == changes and ok <= objects <= ok + 2 * conns, (objects, changes, ok)
 PY
       echo -e "$round\t$config\t$sync\t$conns\t$procs\t$writes\t$worst\t$longest\t$bad" | tee -a "$tsv"
-      rm -rf "$dir"
+      if [ -n "${TURN_STATS:-}" ]; then
+        for s in $(seq 1 "$procs"); do
+          echo "round $round procs $procs server $s: $(cat "$dir/turn-stats$s" 2>/dev/null)" \
+            "warns $(grep -c WARN "$dir/server$s.log" || true)" >> "$out/turn-stats.txt"
+        done
+      fi
+      if [ -n "${KEEP:-}" ]; then mv "$dir" "$out/cell-$round-$config-$procs"; else rm -rf "$dir"; fi
     done
   done
 done

@@ -8,7 +8,9 @@
 //!   path) blocks no other: the kernel lets go of its locks, the waiting process writes, and
 //!   nothing it acknowledged is lost;
 //! - while another process holds the file's turn, requests with a deadline are answered at
-//!   their deadline, on both write paths.
+//!   their deadline, on both write paths;
+//! - a writer waiting for another process is counted waiting, and its wait is told in
+//!   `stats()` once it ends, on both write paths.
 
 use crate::common;
 
@@ -364,4 +366,62 @@ async fn every_wait_ends_by_the_deadline_while_another_process_holds_the_turn() 
         assert_eq!(reply.status.as_u16(), 200, "{path}: {}", reply.text());
     }
     assert_eq!(counted(&db), (2, 2));
+}
+
+/// While another process holds the file's turn, a writer of this process that waits for it is
+/// counted waiting (`stats().waiting`, the gauge, the read limit), on the sqlx write path
+/// (which holds this process's turn meanwhile) and on the writer thread; once the other process
+/// is gone it writes, and the wait is counted in `process_waits` with its time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_another_process_is_counted_and_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("shared.db");
+    create(&db);
+    let pool = write_pool(&db).await;
+    let thread = WriteThread::open(&db).unwrap();
+    // (One queue for the file in this process: the pool's and the thread's stats are one.)
+    increment_pool(&pool).await.unwrap();
+    increment_thread(&thread).await.unwrap();
+    let before = thread.stats();
+    assert_eq!((before.process_waits, before.waiting), (0, 0), "{before:?}");
+    for (round, via) in ["pool", "thread"].into_iter().enumerate() {
+        let mut held = Process::start("hold-pool", &db, 0, 0);
+        held.said("holding");
+        let started = std::time::Instant::now();
+        let writer = {
+            let (pool, thread) = (pool.clone(), thread.clone());
+            tokio::spawn(async move {
+                match via {
+                    "pool" => increment_pool(&pool).await.map_err(DbError::from),
+                    _ => increment_thread(&thread).await.map_err(DbError::from),
+                }
+            })
+        };
+        // Polled for a state (no timing assumed): the writer reaches its wait.
+        let mut waiting = thread.stats();
+        for _ in 0..6000 {
+            if waiting.waiting == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            waiting = thread.stats();
+        }
+        assert_eq!(
+            waiting.waiting, 1,
+            "{via}: the wait is counted: {waiting:?}"
+        );
+        assert!(!waiting.held, "{via}: {waiting:?}");
+        assert_eq!(waiting.process_waits, round as u64, "{via}: not ended yet");
+        held.kill();
+        writer.await.unwrap().unwrap();
+        let after = thread.stats();
+        assert_eq!(after.waiting, 0, "{via}: {after:?}");
+        assert_eq!(after.process_waits, round as u64 + 1, "{via}: {after:?}");
+        assert!(
+            after.process_waited > waiting.process_waited
+                && after.process_waited - waiting.process_waited <= started.elapsed(),
+            "{via}: {after:?}"
+        );
+    }
+    assert_eq!(counted(&db), (4, 4));
 }

@@ -47,6 +47,10 @@ pub(crate) struct TurnCounts {
     next_warn: AtomicU64,
     /// Slow transactions not written since the last WARN.
     suppressed: AtomicU64,
+    /// Waits for the file's turn while another process held it, ended (granted or given up),
+    /// and their time in nanoseconds.
+    process_waits: AtomicU64,
+    process_waited: AtomicU64,
 }
 
 impl TurnCounts {
@@ -62,6 +66,8 @@ impl TurnCounts {
             held_since: AtomicU64::new(0),
             next_warn: AtomicU64::new(0),
             suppressed: AtomicU64::new(0),
+            process_waits: AtomicU64::new(0),
+            process_waited: AtomicU64::new(0),
         }
     }
 
@@ -79,6 +85,16 @@ impl TurnCounts {
     pub(crate) fn waiting_for_turn(&self) -> Waiting<'_> {
         self.start_waiting();
         Waiting { counts: self }
+    }
+
+    /// A writer of this process (a pool's or the writer thread's) starts waiting for the file's turn,
+    /// which another process holds: counted, with its time, when the guard drops (granted,
+    /// past its bound, or cancelled).
+    pub(crate) fn waiting_for_other_process(&self) -> OtherProcess<'_> {
+        OtherProcess {
+            counts: self,
+            since: Instant::now(),
+        }
     }
 
     /// One more writer waiting (the gauge, the process-wide count the read limit asks): each
@@ -233,6 +249,8 @@ impl TurnCounts {
             synced: self.synced.load(Ordering::Relaxed),
             sync_errors: self.sync_errors.load(Ordering::Relaxed),
             busy: Duration::from_nanos(self.busy.load(Ordering::Relaxed).saturating_add(current)),
+            process_waits: self.process_waits.load(Ordering::Relaxed),
+            process_waited: Duration::from_nanos(self.process_waited.load(Ordering::Relaxed)),
             at,
         }
     }
@@ -257,6 +275,23 @@ pub(crate) struct Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.counts.stop_waiting();
+    }
+}
+
+/// A wait for the file's turn held by another process ([`TurnCounts::waiting_for_other_process`]):
+/// counted, with its time, when dropped.
+pub(crate) struct OtherProcess<'a> {
+    counts: &'a TurnCounts,
+    since: Instant,
+}
+
+impl Drop for OtherProcess<'_> {
+    fn drop(&mut self) {
+        let waited = u64::try_from(self.since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.counts
+            .process_waited
+            .fetch_add(waited, Ordering::Relaxed);
+        self.counts.process_waits.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -303,6 +338,14 @@ pub struct WriteStats {
     /// The time the turn was held in all since the queue was made, the current holder's so far
     /// included.
     pub busy: Duration,
+    /// Several processes on one file (Unix): the times a writer of this process found the
+    /// file's turn held by another process and waited for it, since the queue was made, each
+    /// counted when its wait ended (granted, or given up at its deadline). 0 while this process
+    /// writes the file alone. See the write path's docs, "Several processes".
+    pub process_waits: u64,
+    /// The time those waits took in all: `process_waited / process_waits` is what a hand-over
+    /// from another process cost a writer here, on average.
+    pub process_waited: Duration,
     /// When this was read.
     pub at: Instant,
 }
@@ -330,6 +373,8 @@ impl fmt::Debug for WriteStats {
             .field("synced", &self.synced)
             .field("sync_errors", &self.sync_errors)
             .field("busy", &self.busy)
+            .field("process_waits", &self.process_waits)
+            .field("process_waited", &self.process_waited)
             .finish_non_exhaustive()
     }
 }

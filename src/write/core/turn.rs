@@ -246,12 +246,13 @@ impl Queue {
         let mut until = Some(until);
         let mut bound = None;
         let mut bound_of = || *bound.get_or_insert_with(|| until.take().and_then(|f| f()));
+        // A writer is counted waiting until it holds both turns, this process's and the file's.
+        let mut waiting = None;
         let (permit, waited_from) = match self.turn.try_acquire() {
             Ok(permit) => (permit, None),
             Err(TryAcquireError::NoPermits) => {
                 let started = std::time::Instant::now();
-                let _waiting =
-                    matches!(holder, Holder::Writer).then(|| self.counts.waiting_for_turn());
+                waiting = matches!(holder, Holder::Writer).then(|| self.counts.waiting_for_turn());
                 let acquire = self.turn.acquire();
                 let acquired = match bound_of() {
                     Some(until) => tokio::time::timeout_at(until, acquire).await.ok()?,
@@ -268,6 +269,11 @@ impl Queue {
             && !file_turn.take_now()
         {
             let waited_from = waited_from.unwrap_or_else(std::time::Instant::now);
+            let _waiting = waiting.or_else(|| {
+                matches!(holder, Holder::Writer).then(|| self.counts.waiting_for_turn())
+            });
+            // Counted when it ends, granted or given up.
+            let _other = self.counts.waiting_for_other_process();
             let take = file_turn.take();
             match bound_of() {
                 Some(until) => tokio::time::timeout_at(until, take).await.ok()?,
@@ -275,6 +281,7 @@ impl Queue {
             }
             return Some(self.turn_of(permit, holder, Some(waited_from), request, slow));
         }
+        drop(waiting);
         Some(self.turn_of(permit, holder, waited_from, request, slow))
     }
 
