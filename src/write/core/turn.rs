@@ -269,16 +269,18 @@ impl Queue {
             && !file_turn.take_now()
         {
             let waited_from = waited_from.unwrap_or_else(std::time::Instant::now);
-            let _waiting = waiting.or_else(|| {
+            let waiting = waiting.or_else(|| {
                 matches!(holder, Holder::Writer).then(|| self.counts.waiting_for_turn())
             });
             // Counted when it ends, granted or given up.
-            let _other = self.counts.waiting_for_other_process();
+            let other = self.counts.waiting_for_other_process();
             let take = file_turn.take();
             match bound_of() {
                 Some(until) => tokio::time::timeout_at(until, take).await.ok()?,
                 None => take.await,
             }
+            // Waiting no more before it holds the turn, as below.
+            drop((other, waiting));
             return Some(self.turn_of(permit, holder, Some(waited_from), request, slow));
         }
         drop(waiting);
