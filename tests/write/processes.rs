@@ -371,7 +371,8 @@ async fn every_wait_ends_by_the_deadline_while_another_process_holds_the_turn() 
 /// While another process holds the file's turn, a writer of this process that waits for it is
 /// counted waiting (`stats().waiting`, the gauge, the read limit), on the sqlx write path
 /// (which holds this process's turn meanwhile) and on the writer thread; once the other process
-/// is gone it writes, and the wait is counted in `process_waits` with its time.
+/// is gone it writes, and the wait is counted in `process_waits` with its time. A writer
+/// dropped while it waits (its request cancelled) is counted so too, and wedges nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_for_another_process_is_counted_and_told() {
     let dir = tempfile::tempdir().unwrap();
@@ -423,5 +424,31 @@ async fn a_wait_for_another_process_is_counted_and_told() {
             "{via}: {after:?}"
         );
     }
-    assert_eq!(counted(&db), (4, 4));
+    // A writer dropped while it waits for the other process (its request cancelled): no longer
+    // counted waiting, its wait counted once, and this process's turn is not wedged.
+    let mut held = Process::start("hold-pool", &db, 0, 0);
+    held.said("holding");
+    let before = thread.stats();
+    let writer = {
+        let pool = pool.clone();
+        tokio::spawn(async move { increment_pool(&pool).await })
+    };
+    let mut waiting = thread.stats();
+    for _ in 0..6000 {
+        if waiting.waiting == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        waiting = thread.stats();
+    }
+    assert_eq!(waiting.waiting, 1, "cancelled: {waiting:?}");
+    writer.abort();
+    assert!(writer.await.unwrap_err().is_cancelled());
+    let after = thread.stats();
+    assert_eq!(after.waiting, 0, "cancelled: {after:?}");
+    assert_eq!(after.process_waits, before.process_waits + 1, "{after:?}");
+    held.kill();
+    increment_pool(&pool).await.unwrap();
+    increment_thread(&thread).await.unwrap();
+    assert_eq!(counted(&db), (6, 6));
 }
