@@ -368,6 +368,20 @@ async fn every_wait_ends_by_the_deadline_while_another_process_holds_the_turn() 
     assert_eq!(counted(&db), (2, 2));
 }
 
+/// The file's write stats once one writer waits (polled for that state, no timing assumed; at
+/// most 60 s), or the last reading.
+async fn one_waiting(writes: &WriteThread) -> tower_sqlite_retry::write::WriteStats {
+    let mut stats = writes.stats();
+    for _ in 0..6000 {
+        if stats.waiting == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        stats = writes.stats();
+    }
+    stats
+}
+
 /// While another process holds the file's turn, a writer of this process that waits for it is
 /// counted waiting (`stats().waiting`, the gauge, the read limit), on the sqlx write path
 /// (which holds this process's turn meanwhile) and on the writer thread; once the other process
@@ -398,15 +412,7 @@ async fn a_wait_for_another_process_is_counted_and_told() {
                 }
             })
         };
-        // Polled for a state (no timing assumed): the writer reaches its wait.
-        let mut waiting = thread.stats();
-        for _ in 0..6000 {
-            if waiting.waiting == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            waiting = thread.stats();
-        }
+        let waiting = one_waiting(&thread).await;
         assert_eq!(
             waiting.waiting, 1,
             "{via}: the wait is counted: {waiting:?}"
@@ -433,14 +439,7 @@ async fn a_wait_for_another_process_is_counted_and_told() {
         let pool = pool.clone();
         tokio::spawn(async move { increment_pool(&pool).await })
     };
-    let mut waiting = thread.stats();
-    for _ in 0..6000 {
-        if waiting.waiting == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        waiting = thread.stats();
-    }
+    let waiting = one_waiting(&thread).await;
     assert_eq!(waiting.waiting, 1, "cancelled: {waiting:?}");
     writer.abort();
     assert!(writer.await.unwrap_err().is_cancelled());
