@@ -275,6 +275,9 @@ fn the_modules_hold_what_docs_semver_md_says() {
     let _: fn(Options) -> Options = Options::synchronous_normal;
     let _: fn(Options, std::time::Duration) -> Options = Options::slow_transaction;
     let _: fn(&WriteThread) -> WriteStats = WriteThread::stats;
+    // Several processes on one file: how often and how long this process's writers waited for
+    // another process's turn.
+    let _: fn(&WriteStats) -> (u64, std::time::Duration) = |s| (s.process_waits, s.process_waited);
     let _: fn(&WriteThread) -> &Path = WriteThread::path;
     assert_eq!(sqlite_code_name(517), "SQLITE_BUSY_SNAPSHOT");
     assert!(

@@ -313,6 +313,8 @@ impl Drop for OtherProcess<'_> {
 /// // ... serve for a while ...
 /// let now = queue.stats();
 /// assert_eq!(now.waiting, 0);
+/// // One process alone on the file: it never waited for another's turn.
+/// assert_eq!(now.process_waits, 0);
 /// assert!(now.utilization_since(&before) <= 1.0);
 /// ```
 #[derive(Clone, Copy)]
